@@ -1,0 +1,72 @@
+# posttrain-operator: `make` targets are the interface. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+UV_VERSION := 0.13.8
+CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/posttrain-operator
+UV := $(CACHE_DIR)/tools/uv-$(UV_VERSION)/bin/uv
+VENV := .venv
+PY := $(VENV)/bin/python
+export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
+export UV_PYTHON := $(PYTHON)
+export UV_CACHE_DIR ?= $(CACHE_DIR)/uv-cache
+
+##@ Setup
+
+$(UV):
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target $(CACHE_DIR)/tools/uv-$(UV_VERSION) uv==$(UV_VERSION)
+
+$(VENV)/.synced: $(UV) pyproject.toml uv.lock
+	$(UV) sync --locked --quiet
+	@touch $@
+
+.PHONY: venv
+venv: $(VENV)/.synced ## Create .venv with every dependency group (locked)
+
+.PHONY: lock
+lock: $(UV) ## Re-resolve uv.lock after changing pyproject.toml
+	$(UV) lock
+
+.PHONY: binaries
+binaries: venv ## Build (cold, many minutes) or reuse the cached control-plane binaries
+	$(PY) -m devstack build
+
+##@ Test
+
+.PHONY: test
+test: venv binaries ## Everything this machine can run: unit, integration (real control plane), e2e
+	$(PY) -m pytest tests
+
+.PHONY: test-unit
+test-unit: venv ## Pure-logic tests only, no cluster
+	$(PY) -m pytest tests/unit
+
+.PHONY: test-integration
+test-integration: venv binaries ## Tests against the devstack control plane
+	$(PY) -m pytest tests/integration
+
+.PHONY: lint
+lint: venv ## ruff (lint + format check) and mypy strict
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+.PHONY: fmt
+fmt: venv ## Apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+##@ Devstack
+
+.PHONY: cluster-up
+cluster-up: venv binaries ## Start the local control plane (etcd, kube-apiserver, kube-controller-manager)
+	$(PY) -m devstack cluster up
+
+.PHONY: cluster-down
+cluster-down: venv ## Stop the local control plane and remove its state
+	$(PY) -m devstack cluster down
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)

@@ -1,0 +1,66 @@
+"""`python -m devstack build | cluster up|down|status|env | token NS SA OUT`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from devstack import cluster
+from devstack.build import BuildError, ensure_binaries
+
+
+def _require_state(name: str) -> cluster.ClusterState:
+    state = cluster.load_state(name)
+    if state is None:
+        raise cluster.ClusterError(f"cluster {name!r} is not running; start it with `python -m devstack cluster up`")
+    return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="devstack", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build or reuse the cached control-plane binaries")
+    cl = sub.add_parser("cluster", help="manage the local control plane")
+    cl.add_argument("action", choices=["up", "down", "status", "env"])
+    cl.add_argument("--name", default="default")
+    cl.add_argument("--apiserver-port", type=int)
+    cl.add_argument("--etcd-port", type=int)
+    tok = sub.add_parser("token", help="write a kubeconfig for a ServiceAccount (TokenRequest)")
+    tok.add_argument("namespace")
+    tok.add_argument("service_account")
+    tok.add_argument("output", type=Path)
+    tok.add_argument("--name", default="default")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "build":
+            print(ensure_binaries())
+        elif args.command == "token":
+            state = _require_state(args.name)
+            print(cluster.mint_service_account_kubeconfig(state, args.namespace, args.service_account, args.output))
+        elif args.action == "up":
+            state = cluster.up(args.name, apiserver_port=args.apiserver_port, etcd_client_port=args.etcd_port)
+            print(f"export KUBECONFIG={state.kubeconfig}")
+        elif args.action == "down":
+            cluster.down(args.name)
+            print(f"cluster {args.name!r} stopped and cleaned up")
+        elif args.action == "status":
+            state = _require_state(args.name)
+            status = cluster.component_status(state)
+            for component, alive in status.items():
+                print(f"{component:26} pid {state.pids[component]:>7}  {'running' if alive else 'NOT RUNNING'}")
+            print(f"server {state.server}\nkubeconfig {state.kubeconfig}")
+            return 0 if all(status.values()) else 1
+        elif args.action == "env":
+            state = _require_state(args.name)
+            print(f"export KUBECONFIG={state.kubeconfig}")
+            print(f"export PATH={state.bin_dir}:$PATH")
+    except (cluster.ClusterError, BuildError) as exc:
+        print(f"devstack: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
