@@ -13,7 +13,9 @@ from devstack.build import BuildError, ensure_binaries
 def _require_state(name: str) -> cluster.ClusterState:
     state = cluster.load_state(name)
     if state is None:
-        raise cluster.ClusterError(f"cluster {name!r} is not running; start it with `python -m devstack cluster up`")
+        raise cluster.ClusterError(
+            f"cluster {name!r} is not running; start it with `python -m devstack cluster up`"
+        )
     return state
 
 
@@ -38,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
             print(ensure_binaries())
         elif args.command == "token":
             state = _require_state(args.name)
-            print(cluster.mint_service_account_kubeconfig(state, args.namespace, args.service_account, args.output))
+            print(
+                cluster.mint_service_account_kubeconfig(
+                    state, args.namespace, args.service_account, args.output
+                )
+            )
         elif args.action == "up":
             state = cluster.up(args.name, apiserver_port=args.apiserver_port, etcd_client_port=args.etcd_port)
             print(f"export KUBECONFIG={state.kubeconfig}")
@@ -49,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
             state = _require_state(args.name)
             status = cluster.component_status(state)
             for component, alive in status.items():
-                print(f"{component:26} pid {state.pids[component]:>7}  {'running' if alive else 'NOT RUNNING'}")
+                print(
+                    f"{component:26} pid {state.pids[component]:>7}  {'running' if alive else 'NOT RUNNING'}"
+                )
             print(f"server {state.server}\nkubeconfig {state.kubeconfig}")
             return 0 if all(status.values()) else 1
         elif args.action == "env":

@@ -95,7 +95,7 @@ def _save_state(state: ClusterState) -> None:
     tmp.replace(path)
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -134,7 +134,7 @@ def _check_port_free(port: int, what: str) -> None:
 
 
 def component_status(state: ClusterState) -> dict[str, bool]:
-    return {name: _alive(pid) for name, pid in state.pids.items()}
+    return {name: is_alive(pid) for name, pid in state.pids.items()}
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -194,7 +194,7 @@ def _wait(state: ClusterState, component: str, probe: Any, timeout: float = READ
     deadline = time.monotonic() + timeout
     last_error = "not ready"
     while time.monotonic() < deadline:
-        if not _alive(state.pids[component]):
+        if not is_alive(state.pids[component]):
             log_path = Path(state.run_dir) / "logs" / f"{component}.log"
             raise ClusterError(f"{component} exited during start-up. Last log lines:\n{_tail(log_path)}")
         try:
@@ -385,14 +385,14 @@ def _stop_pids(pids: list[int]) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(is_alive(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
-        if _alive(pid):
+        if is_alive(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(is_alive(p) for p in pids):
         time.sleep(0.1)
 
 
@@ -406,7 +406,7 @@ def down(name: str = "default") -> None:
     # Stop in reverse start order, so the apiserver never sees etcd vanish under a live controller.
     ordered = sorted(set(pids), key=lambda p: -pids.index(p))
     _stop_pids(ordered)
-    leftovers = [p for p in ordered if _alive(p)]
+    leftovers = [p for p in ordered if is_alive(p)]
     if leftovers:
         raise ClusterError(f"could not stop processes {leftovers}; kill them by hand")
     shutil.rmtree(run_dir, ignore_errors=True)
