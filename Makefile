@@ -32,6 +32,14 @@ lock: $(UV) ## Re-resolve uv.lock after changing pyproject.toml
 binaries: venv ## Build (cold, many minutes) or reuse the cached control-plane binaries
 	$(PY) -m devstack build
 
+.PHONY: manifests
+manifests: venv ## Regenerate the CRDs in crds/ from the pydantic models
+	$(PY) -m posttrain_operator.api.crds --write crds
+
+.PHONY: verify
+verify: venv ## Fail if generated files (CRDs) drifted from their source
+	$(PY) -m posttrain_operator.api.crds --check crds
+
 ##@ Test
 
 .PHONY: test

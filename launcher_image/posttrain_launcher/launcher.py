@@ -1,0 +1,295 @@
+"""prepare (spec, packages, directories; may refuse) -> fork -> lock down + exec the script -> relay.
+
+The launcher stays outside the sandbox as the job's parent: it relays the job's stdout/stderr under
+the log cap, watches the output dir against the total cap, forwards SIGTERM/SIGINT to the job's
+process group, and exits with the job's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import selectors
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from types import FrameType
+
+from . import environment, packages, sandbox
+from .spec import ROOT_ENV, JobSpec, SpecError, host_path, load_spec
+
+PREFIX = "posttrain-launcher: "
+EXIT_REFUSED = 2  # the launcher refused the job; no job code ran
+EXIT_OUTPUT_CAP = 3  # the job was stopped: its outputs passed max_output_bytes
+
+OUTPUT_SCAN_SECONDS = 2.0
+# After the job exits, how long its leftover descendants may keep the log pipes open.
+DRAIN_SECONDS = 2.0
+_POLL_SECONDS = 0.25
+_READ_CHUNK = 64 * 1024
+
+
+class Refusal(Exception):
+    """A reason to refuse the job before any of its code runs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedJob:
+    spec: JobSpec
+    scratch: str
+    script: str
+    output_dir: str
+    inputs: dict[str, str]
+    env: dict[str, str]
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(PREFIX + message + "\n")
+    sys.stderr.flush()
+
+
+def _chown_to_job(path: str) -> None:
+    if os.geteuid() == 0:
+        os.chown(path, sandbox.JOB_UID, sandbox.JOB_GID)
+
+
+def prepare(environ: Mapping[str, str]) -> PreparedJob:
+    """Parse and check everything, lay out scratch, install packages. Raises Refusal."""
+    try:
+        spec = load_spec(environ)
+        requirements = packages.check_requirements(spec.packages)
+    except (SpecError, packages.PackagePolicyError) as exc:
+        raise Refusal(str(exc)) from None
+
+    root = environ.get(ROOT_ENV, "/") or "/"
+    if not os.path.isabs(root) or not os.path.isdir(root):
+        raise Refusal(f"{ROOT_ENV}={root!r} is not an existing absolute directory")
+    inputs = {name: host_path(root, path) for name, path in spec.inputs.items()}
+    for name, path in inputs.items():
+        if not os.path.exists(path):
+            raise Refusal(f"input {name!r} not found at {path}")
+    output_dir = host_path(root, spec.output_dir)
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        _chown_to_job(output_dir)
+    except OSError as exc:
+        raise Refusal(f"cannot prepare output dir {output_dir}: {exc}") from None
+
+    scratch = tempfile.mkdtemp(prefix="posttrain-job-")
+    try:
+        for sub in ("home", "tmp"):
+            os.mkdir(os.path.join(scratch, sub))
+            _chown_to_job(os.path.join(scratch, sub))
+        _chown_to_job(scratch)
+        script = os.path.join(scratch, "script.py")
+        with open(script, "w", encoding="utf-8", errors="surrogatepass") as fh:
+            fh.write(spec.script)
+        package_dir = None
+        if requirements:
+            package_dir = os.path.join(scratch, "packages")
+            try:
+                packages.install(requirements, package_dir, environ)
+            except packages.InstallError as exc:
+                raise Refusal(f"package install failed: {exc}") from None
+            _say(f"installed {len(requirements)} package(s): {' '.join(requirements)}")
+        env = environment.job_environment(
+            environ, spec, inputs=inputs, output_dir=output_dir, scratch=scratch, package_dir=package_dir
+        )
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return PreparedJob(spec, scratch, script, output_dir, inputs, env)
+
+
+def _child(job: PreparedJob, out_w: int, err_w: int) -> None:
+    """Runs in the forked child; never returns (exec or _exit)."""
+    code = EXIT_REFUSED
+    try:
+        os.setpgid(0, 0)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.chdir(job.scratch)
+        limits = job.spec.limits
+        sandbox.lock_down(max_file_bytes=limits.max_output_bytes, max_open_files=limits.max_open_files)
+        _check_access(job)
+        os.execve(sys.executable, [sys.executable, job.script], job.env)
+    except BaseException as exc:
+        try:
+            os.write(2, f"{PREFIX}error: sandbox setup failed: {exc}\n".encode(errors="replace"))
+        finally:
+            os._exit(code)
+
+
+def _check_access(job: PreparedJob) -> None:
+    """As the job's user: outputs writable, inputs readable and not writable."""
+    if not os.access(job.output_dir, os.W_OK | os.X_OK):
+        raise sandbox.SandboxError(
+            f"output dir {job.output_dir} is not writable by uid {os.getuid()} "
+            "(is every parent directory searchable?)"
+        )
+    for name, path in job.inputs.items():
+        if not os.access(path, os.R_OK):
+            raise sandbox.SandboxError(f"input {name!r} ({path}) is not readable by uid {os.getuid()}")
+        if os.access(path, os.W_OK):
+            raise sandbox.SandboxError(f"input {name!r} ({path}) is writable by the job, not read-only")
+
+
+def tree_size(path: str, stop_above: int) -> int:
+    """Apparent size of every non-directory entry under `path`, symlinks not followed.
+
+    Stops counting once past `stop_above`. Sparse files count at full size on purpose: that is
+    what an upload of the artifact would move.
+    """
+    total = 0
+    stack = [path]
+    while stack and total <= stop_above:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                else:
+                    total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
+
+
+class _LogRelay:
+    """Copies the job's two streams to ours until `budget` bytes, then prints one marker line."""
+
+    def __init__(self, budget: int) -> None:
+        self.remaining = budget
+        self.budget = budget
+        self.truncated = False
+        self._last_byte: dict[int, bytes] = {}
+
+    def feed(self, dest: int, data: bytes) -> None:
+        if self.truncated:
+            return
+        if len(data) > self.remaining:
+            data = data[: self.remaining]
+            self.truncated = True
+        self.remaining -= len(data)
+        if data:
+            self._write(dest, data)
+        if self.truncated:
+            err = sys.stderr.fileno()
+            lead = "" if self._last_byte.get(err, b"\n") == b"\n" else "\n"
+            marker = f"{lead}{PREFIX}log truncated after {self.budget} bytes; the rest is dropped\n"
+            self._write(err, marker.encode())
+
+    def _write(self, fd: int, data: bytes) -> None:
+        self._last_byte[fd] = data[-1:]
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError:
+            pass  # whoever reads our output went away; keep draining the job
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (a forbidden system call)" if -code == signal.SIGSYS else ""
+        _say(f"the job was killed by {name}{hint}")
+        return 128 - code
+    return code
+
+
+def run(job: PreparedJob) -> int:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(out_r)
+        os.close(err_r)
+        _child(job, out_w, err_w)
+    os.close(out_w)
+    os.close(err_w)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # also done in the child; whichever runs first wins the race
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+
+    cap = job.spec.limits.max_output_bytes
+    relay = _LogRelay(job.spec.limits.max_log_bytes)
+    dest = {out_r: sys.stdout.fileno(), err_r: sys.stderr.fileno()}
+    sel = selectors.DefaultSelector()
+    for fd in dest:
+        sel.register(fd, selectors.EVENT_READ)
+    status: int | None = None
+    over_cap = False
+    exited_at = 0.0
+    next_scan = time.monotonic() + OUTPUT_SCAN_SECONDS
+    try:
+        while sel.get_map():
+            for key, _ in sel.select(timeout=_POLL_SECONDS):
+                fd = int(key.fd)
+                data = os.read(fd, _READ_CHUNK)
+                if data:
+                    relay.feed(dest[fd], data)
+                else:
+                    sel.unregister(fd)
+            now = time.monotonic()
+            if status is None:
+                waited, st = os.waitpid(pid, os.WNOHANG)
+                if waited:
+                    status, exited_at = st, now
+            elif now - exited_at > DRAIN_SECONDS:
+                break
+            if not over_cap and now >= next_scan:
+                next_scan = now + OUTPUT_SCAN_SECONDS
+                if tree_size(job.output_dir, cap) > cap:
+                    over_cap = True
+                    forward(signal.SIGKILL, None)
+        if status is None:
+            _, status = os.waitpid(pid, 0)
+    finally:
+        sel.close()
+        for fd in dest:
+            os.close(fd)
+        forward(signal.SIGKILL, None)  # descendants the job left behind
+    code = _exit_code(status)
+    if over_cap or tree_size(job.output_dir, cap) > cap:
+        _say(f"error: the job's outputs passed max_output_bytes ({cap}); the job was stopped")
+        return EXIT_OUTPUT_CAP
+    return code
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    env = os.environ if environ is None else environ
+    # First thing: from here on the job cannot read this process's environ or memory, even with
+    # the same uid.
+    sandbox.set_non_dumpable()
+    os.umask(0o022)
+    if args:
+        _say("error: no arguments are taken; the job comes from POSTTRAIN_JOB_SPEC")
+        return EXIT_REFUSED
+    try:
+        job = prepare(env)
+    except Refusal as exc:
+        _say(f"error: {exc}")
+        return EXIT_REFUSED
+    try:
+        return run(job)
+    finally:
+        shutil.rmtree(job.scratch, ignore_errors=True)

@@ -1,0 +1,117 @@
+"""The agent's packages: a strict requirement policy, then a wheels-only pip install into the job.
+
+Requirements reach pip as argv, so anything that could be read as an option (`--index-url`, `-e`,
+`-r`), a URL, a path, a VCS reference or an environment marker is refused before pip runs. pip then
+installs with `--only-binary=:all:` (an sdist would run its build code, as root and with network)
+and `--no-deps` (the list is the whole install: bounded, and it never re-downloads what the image
+already holds, such as torch, because `--target` ignores installed packages).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from .spec import MAX_PACKAGE_CHARS, MAX_PACKAGES
+
+INSTALL_TIMEOUT_SECONDS = 900
+_MAX_ERROR_CHARS = 1500
+
+# name, then optional comma-separated version clauses. No extras (meaningless with --no-deps), no
+# `===` (arbitrary strings), no `@`, `;`, `#`, whitespace runs or leading `-`.
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_CLAUSE = r"(?:==|!=|<=|>=|~=|<|>) ?[A-Za-z0-9][A-Za-z0-9.*+!_-]*"
+_ALLOWED = re.compile(rf"{_NAME}(?: ?{_CLAUSE}(?: ?, ?{_CLAUSE})*)?")
+
+
+class PackagePolicyError(ValueError):
+    """A requirement list the launcher refuses (exit 2, before any script runs)."""
+
+
+class InstallError(RuntimeError):
+    """pip could not install the (already accepted) requirements, e.g. no wheel exists."""
+
+
+def check_requirements(raw: Sequence[str]) -> list[str]:
+    """Return the normalised requirement strings to hand to pip, or raise PackagePolicyError."""
+    if len(raw) > MAX_PACKAGES:
+        raise PackagePolicyError(f"at most {MAX_PACKAGES} packages, got {len(raw)}")
+    seen: set[str] = set()
+    out: list[str] = []
+    for item in raw:
+        if len(item) > MAX_PACKAGE_CHARS:
+            raise PackagePolicyError(f"requirement longer than {MAX_PACKAGE_CHARS} characters")
+        if not _ALLOWED.fullmatch(item):
+            raise PackagePolicyError(
+                f"requirement {item!r} refused: only 'name' or 'name<op>version[,...]' from the index "
+                "(no options, URLs, paths, VCS, extras or markers)"
+            )
+        try:
+            req = Requirement(item)
+        except InvalidRequirement as exc:
+            raise PackagePolicyError(f"requirement {item!r} is invalid: {exc}") from None
+        # The regex already excludes these; the parser is the second opinion.
+        if req.url is not None or req.marker is not None or req.extras:
+            raise PackagePolicyError(f"requirement {item!r} refused: URL, marker or extras")
+        name = canonicalize_name(req.name)
+        if name in seen:
+            raise PackagePolicyError(f"package {req.name!r} listed twice")
+        seen.add(name)
+        out.append(f"{name}{req.specifier}")
+    return out
+
+
+def pip_command(requirements: Sequence[str], target: str, python: str | None = None) -> list[str]:
+    return [
+        python or sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--only-binary=:all:",
+        "--no-deps",
+        "--target",
+        target,
+        "--no-input",
+        "--disable-pip-version-check",
+        "--no-warn-script-location",
+        "--progress-bar=off",
+        # Ends option parsing: nothing after it can be read as an option, whatever it looks like.
+        "--",
+        *requirements,
+    ]
+
+
+def install(requirements: Sequence[str], target: str, environ: Mapping[str, str]) -> None:
+    """Install into `target` (created by pip). Runs before the lockdown: pip needs the network."""
+    env = dict(environ)
+    env.pop("PYTHONPATH", None)
+    # pip reads options from PIP_* too; the operator may set an index mirror, the agent cannot.
+    env["PIP_NO_INPUT"] = "1"
+    try:
+        proc = subprocess.run(
+            pip_command(requirements, target),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=INSTALL_TIMEOUT_SECONDS,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise InstallError(f"pip did not finish within {INSTALL_TIMEOUT_SECONDS} s") from None
+    if proc.returncode != 0:
+        raise InstallError(_pip_error(proc.stdout + proc.stderr))
+    os.chmod(target, 0o755)
+
+
+def _pip_error(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip().startswith("ERROR:")]
+    detail = " ".join(lines) or (output.strip().splitlines() or ["no output"])[-1]
+    return f"pip failed (wheels only; sdists are refused): {detail}"[:_MAX_ERROR_CHARS]

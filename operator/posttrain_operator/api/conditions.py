@@ -1,0 +1,73 @@
+"""Condition types and reasons in one place, and the one function that sets a condition."""
+
+from __future__ import annotations
+
+from posttrain_operator.api.models import Condition
+
+READY = "Ready"
+BLOCKED = "Blocked"
+ORPHANED = "Orphaned"
+ADMITTED = "Admitted"
+SUBMITTED = "Submitted"
+COMPLETE = "Complete"
+
+# Reasons (PascalCase, stable: clients match on them).
+ORPHANED_JOBS = "OrphanedJobs"
+BUDGET_EXCEEDED = "BudgetExceeded"
+EPISODE_NOT_FOUND = "EpisodeNotFound"
+EPISODE_NOT_RUNNING = "EpisodeNotRunning"
+INVALID_JOB = "InvalidJob"
+TOO_MANY_JOBS = "TooManyJobs"
+SUBMISSION_FAILED = "SubmissionFailed"
+BACKEND_LOST = "BackendLost"
+BACKEND_ERROR = "BackendError"
+JOB_FAILED = "JobFailed"
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+EPISODE_ENDED = "EpisodeEnded"
+CANCEL_UNCONFIRMED = "CancelUnconfirmed"
+
+
+def set_condition(
+    conditions: list[Condition],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int,
+) -> tuple[list[Condition], bool]:
+    """Return the new list and whether anything changed; lastTransitionTime moves only on a flip."""
+    wanted = "True" if status else "False"
+    out: list[Condition] = []
+    found = False
+    changed = False
+    for cond in conditions:
+        if cond.type != type_:
+            out.append(cond)
+            continue
+        found = True
+        flipped = cond.status != wanted
+        new = cond.model_copy(
+            update={
+                "status": wanted,
+                "reason": reason,
+                "message": message[:4096],
+                "observed_generation": generation,
+                "last_transition_time": now if flipped else cond.last_transition_time,
+            }
+        )
+        changed = changed or new != cond
+        out.append(new)
+    if not found:
+        out.append(
+            Condition(
+                type=type_,
+                status=wanted,
+                reason=reason,
+                message=message[:4096],
+                last_transition_time=now,
+                observed_generation=generation,
+            )
+        )
+        changed = True
+    return out, changed

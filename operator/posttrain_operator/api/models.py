@@ -1,0 +1,257 @@
+"""Episode and AgentJob: spec and status models.
+
+Field descriptions become `kubectl explain` text, bounds become the CRD's OpenAPI bounds, so the API
+server refuses bad input before the operator sees it. Python names are snake_case; the wire is
+camelCase (the aliases).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from posttrain_operator.api.money import USD_PATTERN
+
+GROUP = "posttrain.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+MAX_SCRIPT_BYTES = 256 * 1024
+MAX_PACKAGES = 32
+MAX_REQUIREMENT_CHARS = 200
+MAX_DATASETS = 8
+MAX_ARTIFACTS = 100
+MAX_CONDITIONS = 16
+MAX_ORPHANS = 1000
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+Backend = Literal["hf-jobs", "pods"]
+EpisodePhase = Literal["Pending", "Running", "Scoring", "Completed", "Failed"]
+Outcome = Literal["Scored", "LimitReached", "GraderFailed", "Cancelled"]
+Purpose = Literal["train", "devEval", "score"]
+JobPhase = Literal[
+    "Pending", "Admitted", "Running", "Succeeded", "Failed", "Cancelled", "Rejected", "Orphaned"
+]
+TERMINAL_JOB_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled", "Rejected"})
+# Jobs that may still bill: everything admitted and not confirmed finished.
+ACTIVE_JOB_PHASES: frozenset[str] = frozenset({"Admitted", "Running", "Orphaned"})
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-ready camelCase form, without unset optional fields."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition; lastTransitionTime changes only when status flips."""
+
+    type: str = Field(
+        max_length=64, description="type is the condition's name, e.g. Ready, Blocked, Orphaned."
+    )
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(
+        default="", max_length=128, description="reason is a PascalCase machine-readable cause."
+    )
+    message: str = Field(default="", max_length=4096, description="message is a human-readable explanation.")
+    last_transition_time: str = Field(
+        default="", description="lastTransitionTime is when status last changed."
+    )
+    observed_generation: int = Field(
+        default=0, ge=0, description="observedGeneration is the spec generation seen."
+    )
+
+
+# --- Episode -----------------------------------------------------------------------------------
+
+
+class EpisodeLimits(ApiModel):
+    max_steps: int | None = Field(
+        default=None, ge=1, le=100_000, description="maxSteps caps agent tool calls."
+    )
+    max_wall_seconds: int | None = Field(
+        default=None, ge=60, le=7 * 86400, description="maxWallSeconds caps the episode's wall time."
+    )
+    max_concurrent_jobs: int | None = Field(
+        default=None, ge=1, le=1000, description="maxConcurrentJobs caps jobs admitted and not finished."
+    )
+    max_job_timeout_seconds: int | None = Field(
+        default=None, ge=60, le=86400, description="maxJobTimeoutSeconds caps any one job's timeoutSeconds."
+    )
+
+
+class Scoring(ApiModel):
+    timeout_seconds: int | None = Field(
+        default=None, ge=60, le=86400, description="timeoutSeconds bounds the hidden-split grader job."
+    )
+
+
+class Submission(ApiModel):
+    checkpoint_from: str = Field(
+        max_length=253,
+        pattern=NAME_PATTERN,
+        description="checkpointFrom names the AgentJob whose outputs are the final checkpoint.",
+    )
+
+
+class EpisodeSpec(ApiModel):
+    task: str = Field(
+        max_length=64, pattern=r"^[a-z][a-z0-9_]*$", description="task is a registry task name."
+    )
+    budget_usd: str = Field(
+        alias="budgetUSD",
+        pattern=USD_PATTERN,
+        description="budgetUSD is the dollar budget, a decimal string.",
+    )
+    backend: Backend = Field(description="backend runs the episode's jobs: hf-jobs or pods.")
+    flavors: list[str] | None = Field(
+        default=None,
+        max_length=16,
+        description="flavors lists the hardware flavors jobs may use; defaults to the task's.",
+    )
+    limits: EpisodeLimits = Field(default_factory=EpisodeLimits, description="limits default to the task's.")
+    scoring: Scoring = Field(default_factory=Scoring, description="scoring configures hidden-split grading.")
+    submission: Submission | None = Field(
+        default=None, description="submission is set exactly once; setting it starts hidden-split scoring."
+    )
+    agent_token_hash: str | None = Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        description="agentTokenHash is the sha256 (hex) of the agent's bearer token, chosen by the creator.",
+    )
+
+
+class LedgerEntry(ApiModel):
+    reserved_micro_usd: int = Field(default=0, alias="reservedMicroUSD", ge=0)
+    settled_micro_usd: int | None = Field(default=None, alias="settledMicroUSD", ge=0)
+    platform: bool = Field(
+        default=False, description="platform is true for grader spend not charged to the agent."
+    )
+
+
+class Ledger(ApiModel):
+    budget_micro_usd: int = Field(default=0, alias="budgetMicroUSD", ge=0)
+    reserved_micro_usd: int = Field(default=0, alias="reservedMicroUSD", ge=0)
+    settled_micro_usd: int = Field(default=0, alias="settledMicroUSD", ge=0)
+    platform_micro_usd: int = Field(
+        default=0, alias="platformMicroUSD", ge=0, description="platformMicroUSD is grader spend for submit."
+    )
+    spent_usd: str = Field(
+        default="0.00", alias="spentUSD", description="spentUSD is settled spend, in dollars."
+    )
+    reserved_usd: str = Field(default="0.00", alias="reservedUSD", description="reservedUSD in dollars.")
+    entries: dict[str, LedgerEntry] = Field(
+        default_factory=dict, description="entries holds one reservation or settlement per AgentJob name."
+    )
+
+
+class OrphanedJob(ApiModel):
+    name: str
+    backend_job_id: str = ""
+    since: str = ""
+    attempts: int = 0
+    next_attempt_at: str = ""
+
+
+class EpisodeStatus(ApiModel):
+    phase: EpisodePhase | None = None
+    outcome: Outcome | None = None
+    reward: str | None = Field(
+        default=None, description="reward is a decimal string; null when GraderFailed."
+    )
+    message: str | None = Field(default=None, max_length=4096)
+    ledger: Ledger = Field(default_factory=Ledger)
+    steps: int = Field(default=0, ge=0, description="steps counts agent tool calls (written by the gateway).")
+    started_at: str | None = None
+    deadline: str | None = None
+    ended_at: str | None = None
+    scoring_job: str | None = None
+    conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
+    orphaned_jobs: list[OrphanedJob] = Field(default_factory=list, max_length=MAX_ORPHANS)
+    agent_token_hash: str | None = Field(default=None, pattern=SHA256_PATTERN)
+    agent_token_secret: str | None = None
+    observed_generation: int | None = None
+
+
+# --- AgentJob ----------------------------------------------------------------------------------
+
+
+class AgentJobSpec(ApiModel):
+    episode: str = Field(
+        max_length=253, pattern=NAME_PATTERN, description="episode names the owning Episode."
+    )
+    purpose: Purpose = Field(description="purpose is train, devEval, or score (score: operator only).")
+    script: str = Field(
+        default="",
+        max_length=MAX_SCRIPT_BYTES,
+        description="script is the Python source the launcher runs (train jobs).",
+    )
+    packages: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_PACKAGES,
+        description="packages are pip requirement strings, installed as wheels only.",
+    )
+    flavor: str = Field(max_length=64, pattern=r"^[a-z0-9-]+$", description="flavor is the hardware flavor.")
+    timeout_seconds: int = Field(ge=60, le=86400, description="timeoutSeconds is the job's hard time limit.")
+    datasets: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_DATASETS,
+        description="datasets are mount names from the task's allowed datasets.",
+    )
+    checkpoint_from: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=NAME_PATTERN,
+        description="checkpointFrom names the AgentJob whose outputs are graded (devEval and score).",
+    )
+
+
+class Artifact(ApiModel):
+    path: str = Field(max_length=1024)
+    size: int = Field(ge=0)
+
+
+class GradeResult(ApiModel):
+    status: str = Field(max_length=64)
+    score: str | None = None
+    n: int | None = None
+    reason: str | None = Field(default=None, max_length=4096)
+    grader_version: str | None = None
+
+
+class AgentJobStatus(ApiModel):
+    phase: JobPhase | None = None
+    reason: str | None = Field(default=None, max_length=128)
+    message: str | None = Field(default=None, max_length=4096)
+    conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
+    backend: Backend | None = None
+    backend_job_id: str | None = None
+    backend_stage: str | None = None
+    idempotency_key: str | None = None
+    reserved_micro_usd: int = Field(default=0, alias="reservedMicroUSD", ge=0)
+    settled_micro_usd: int = Field(default=0, alias="settledMicroUSD", ge=0)
+    spent_usd: str | None = Field(default=None, alias="spentUSD")
+    reserved_usd: str | None = Field(default=None, alias="reservedUSD")
+    billed_seconds: int | None = Field(default=None, ge=0)
+    started_at: str | None = None
+    finished_at: str | None = None
+    exit_code: int | None = None
+    artifacts: list[Artifact] = Field(default_factory=list, max_length=MAX_ARTIFACTS)
+    result: GradeResult | None = None
+    observed_generation: int | None = None
+
+
+def status_of(model: type[EpisodeStatus] | type[AgentJobStatus], raw: dict[str, Any] | None) -> Any:
+    """Parse a status, keeping only fields we own (kopf adds its own bookkeeping keys)."""
+    known = {f.alias or name for name, f in model.model_fields.items()}
+    return model.model_validate({k: v for k, v in (raw or {}).items() if k in known})

@@ -1,0 +1,1 @@
+"""Job backends: one small protocol (`base.Backend`), one module per backend."""

@@ -1,0 +1,121 @@
+"""The backend protocol: everything the operator needs from a place that runs jobs.
+
+Backends own no Kubernetes state and make no ledger decisions; they translate a `JobRequest` into
+their own API and report back in `RemoteStatus`. Every method is async and never blocks the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+RemoteStage = Literal["pending", "running", "succeeded", "failed", "cancelled", "lost"]
+TERMINAL_STAGES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
+
+
+class BackendError(RuntimeError):
+    """The backend refused or failed a call. `transient` errors are worth retrying later."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class UnknownFlavor(BackendError):
+    def __init__(self, flavor: str, known: Sequence[str]) -> None:
+        super().__init__(
+            f"unknown flavor {flavor!r}; this backend offers: {', '.join(sorted(known))}", transient=False
+        )
+
+
+@dataclass(frozen=True)
+class RepoMount:
+    """A pinned Hub repository mounted read-only at `mount_path`."""
+
+    kind: Literal["model", "dataset"]
+    repo_id: str
+    revision: str
+    mount_path: str
+
+
+@dataclass(frozen=True)
+class OutputMount:
+    """A job's outputs: `prefix` identifies them in the backend's artifact store."""
+
+    prefix: str
+    mount_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    key: str  # idempotency key: the backend labels the job with it and finds it by it
+    namespace: str  # Kubernetes namespace of the AgentJob
+    episode: str
+    job_name: str
+    flavor: str
+    timeout_seconds: int
+    launcher_spec: dict[str, Any]
+    repos: tuple[RepoMount, ...] = ()
+    outputs: OutputMount | None = None
+    inputs_from: tuple[OutputMount, ...] = ()  # other jobs' outputs, read-only (checkpoints)
+
+
+@dataclass(frozen=True)
+class Handle:
+    backend_job_id: str
+    output_prefix: str = ""
+
+
+@dataclass(frozen=True)
+class RemoteStatus:
+    stage: RemoteStage
+    message: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    raw_stage: str = ""
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    path: str
+    size: int
+
+
+@dataclass
+class CallStats:
+    """Backend API calls made, by method: what the benchmarks read."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def count(self, method: str) -> None:
+        self.calls[method] = self.calls.get(method, 0) + 1
+
+
+class Backend(Protocol):
+    name: str
+    stats: CallStats
+
+    async def price(self, flavor: str) -> int:
+        """Micro-dollars per minute for `flavor`; raises UnknownFlavor."""
+        ...
+
+    async def submit(self, request: JobRequest) -> Handle: ...
+
+    async def find(self, key: str) -> Handle | None: ...
+
+    async def status_many(self, handles: Sequence[Handle]) -> dict[str, RemoteStatus]:
+        """Status of every handle, by backend_job_id, at a cost that does not grow with their number."""
+        ...
+
+    async def cancel(self, handle: Handle) -> bool:
+        """Idempotent; True only when the backend confirms the job is no longer running."""
+        ...
+
+    async def logs(self, handle: Handle, tail: int) -> list[str]: ...
+
+    async def artifacts(self, output_prefix: str) -> list[ArtifactInfo]: ...
+
+    async def read_artifact(self, output_prefix: str, path: str, max_bytes: int) -> bytes: ...

@@ -1,0 +1,60 @@
+"""Operator settings: one typed object, read from POSTTRAIN_* environment variables at start-up."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class PodFlavor(BaseSettings):
+    """A pods-backend flavor: the resources a job pod gets and what a minute of it costs."""
+
+    cpu: str = "1"
+    memory: str = "2Gi"
+    price_micro_usd_per_minute: int = Field(default=167, ge=0)
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="POSTTRAIN_", env_nested_delimiter="__", extra="ignore")
+
+    # Which operator instance this is: the label on every backend job it owns.
+    instance: str = "posttrain-operator"
+    finalizer: str = "posttrain.dev/finalizer"
+    annotation_prefix: str = "posttrain.dev"
+
+    # HF Jobs. The token comes from a Secret through the environment and never leaves this process.
+    hf_endpoint: str = "https://huggingface.co"
+    hf_token: SecretStr | None = None
+    hf_namespace: str | None = None
+    hf_image: str = "ghcr.io/posttrain-operator/launcher:0.1.0"
+    hf_bucket: str | None = None  # "<namespace>/<bucket>"; defaults to "<hf_namespace>/posttrain-outputs"
+    hf_http_timeout_seconds: float = Field(default=30.0, gt=0)
+
+    # Pods backend (off unless enabled: it needs RBAC for namespaces, pods and NetworkPolicies).
+    pods_enabled: bool = False
+    pods_image: str = "localhost/posttrain-launcher:0.1.0"
+    pods_flavors: dict[str, PodFlavor] = Field(default_factory=lambda: {"cpu-basic": PodFlavor()})
+
+    poll_interval_seconds: float = Field(default=10.0, gt=0)
+    episode_tick_seconds: float = Field(default=2.0, gt=0)
+    orphan_retry_initial_seconds: float = Field(default=5.0, gt=0)
+    orphan_retry_max_seconds: float = Field(default=300.0, gt=0)
+    # Beyond a job's timeout, how long the operator waits for the backend before cancelling itself.
+    job_deadline_grace_seconds: int = Field(default=60, ge=0)
+    max_artifact_bytes: int = Field(default=1 << 20, gt=0)
+
+    @model_validator(mode="after")
+    def _hf_needs_a_namespace(self) -> OperatorSettings:
+        if self.hf_token is not None and not self.hf_namespace:
+            raise ValueError(
+                "POSTTRAIN_HF_NAMESPACE is required with POSTTRAIN_HF_TOKEN (never guessed by whoami)"
+            )
+        return self
+
+    @property
+    def hf_enabled(self) -> bool:
+        return self.hf_token is not None
+
+    @property
+    def hf_bucket_id(self) -> str:
+        return self.hf_bucket or f"{self.hf_namespace}/posttrain-outputs"

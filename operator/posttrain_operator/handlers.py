@@ -1,0 +1,104 @@
+"""kopf registration: thin handlers that delegate to the reconcilers.
+
+Run with `kopf run -m posttrain_operator.handlers --all-namespaces`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+import kopf
+
+from posttrain_operator.api.models import GROUP, VERSION
+from posttrain_operator.backends.base import BackendError
+from posttrain_operator.config import OperatorSettings
+from posttrain_operator.k8s import Conflict
+from posttrain_operator.reconcile.agentjob import Retry, cancel_agentjob, reconcile_agentjob
+from posttrain_operator.reconcile.episode import finalize_episode, reconcile_episode
+from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
+from posttrain_operator.runtime import build_context
+
+EPISODES = (GROUP, VERSION, "episodes")
+AGENTJOBS = (GROUP, VERSION, "agentjobs")
+log = logging.getLogger(__name__)
+
+
+async def _run(step: Awaitable[Any]) -> None:
+    """Transient failures become kopf retries; the reconcilers are idempotent, so a retry is safe."""
+    try:
+        await step
+    except Retry as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+    except (Conflict, BackendError) as exc:
+        raise kopf.TemporaryError(str(exc), delay=5) from exc
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config = OperatorSettings()
+    settings.persistence.finalizer = config.finalizer
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=config.annotation_prefix)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=config.annotation_prefix)
+    # Long watches without a server-side timeout can silently stall (nolar/kopf#585, #1012).
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    # kopf posts an Event per handler run by default; ours are posted where they mean something.
+    settings.posting.level = logging.WARNING
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    memo.ctx = await build_context(config)
+    memo.active = ActiveJobs()
+    memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
+    log.info("posttrain-operator started with backends: %s", ", ".join(memo.ctx.backends) or "none")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    memo.poller.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await memo.poller
+    await memo.ctx.kube.custom.api_client.close()
+
+
+@kopf.on.create(*AGENTJOBS)
+@kopf.on.resume(*AGENTJOBS)
+async def agentjob_reconcile(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    await _run(reconcile_agentjob(memo.ctx, namespace, name))
+
+
+@kopf.on.event(*AGENTJOBS)
+def agentjob_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.active.observe(dict(body), deleted=type == "DELETED")
+
+
+@kopf.on.delete(*AGENTJOBS)
+async def agentjob_delete(namespace: str, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    async with memo.ctx.locks("agentjob", namespace, name):
+        confirmed = await cancel_agentjob(memo.ctx, namespace, name, "Deleted", "the AgentJob was deleted")
+    if not confirmed:
+        raise kopf.TemporaryError(
+            "the backend has not confirmed the cancellation yet", delay=min(300, 5 * 2**retry)
+        )
+
+
+@kopf.daemon(*EPISODES, cancellation_timeout=10)
+async def episode_tick(
+    namespace: str, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    while not stopped:
+        try:
+            await reconcile_episode(memo.ctx, namespace, name)
+        except Exception:
+            log.exception("reconciling episode %s/%s failed; retrying", namespace, name)
+        await stopped.wait(memo.ctx.settings.episode_tick_seconds)
+
+
+@kopf.on.delete(*EPISODES)
+async def episode_delete(namespace: str, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    if not await finalize_episode(memo.ctx, namespace, name):
+        raise kopf.TemporaryError(
+            "waiting for the backend to confirm cancellations", delay=min(300, 5 * 2**retry)
+        )

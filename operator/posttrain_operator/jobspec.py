@@ -1,0 +1,127 @@
+"""Build the backend-neutral `JobRequest` for an AgentJob: pure, unit-tested, no I/O.
+
+What a job may see is decided here and only here: agent jobs get the base model and the task's
+agent datasets; grader jobs get the base model, the graded job's outputs and one split. The hidden
+split is mounted only for `score`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graders.registry import (
+    AGENT_INPUT_MODEL,
+    GRADER_INPUT_BASE_MODEL,
+    GRADER_INPUT_CHECKPOINT,
+    GRADER_INPUT_SPLIT,
+    RepoRef,
+    Task,
+)
+from posttrain_operator.api.models import AgentJobSpec
+from posttrain_operator.backends.base import JobRequest, OutputMount, RepoMount
+
+INPUTS_ROOT = "/inputs"
+OUTPUT_DIR = "/outputs"
+AGENT_LIMITS = {"max_output_bytes": 2 << 30, "max_log_bytes": 1 << 20, "max_open_files": 1024}
+GRADER_LIMITS = {"max_output_bytes": 1 << 20, "max_log_bytes": 256 << 10, "max_open_files": 1024}
+
+
+class InvalidJob(ValueError):
+    """The AgentJob asks for something its task does not allow; the message says what."""
+
+
+def idempotency_key(uid: str) -> str:
+    return f"aj-{uid}"
+
+
+def output_prefix(namespace: str, episode: str, job: str) -> str:
+    return f"{namespace}/{episode}/{job}"
+
+
+def _mount(name: str, ref: RepoRef) -> RepoMount:
+    return RepoMount(
+        kind=ref.kind, repo_id=ref.repo_id, revision=ref.revision, mount_path=f"{INPUTS_ROOT}/{name}"
+    )
+
+
+def validate_against_task(spec: AgentJobSpec, task: Task, flavors: list[str], max_timeout: int) -> None:
+    if spec.flavor not in flavors:
+        raise InvalidJob(
+            f"flavor {spec.flavor!r} is not allowed in this episode; allowed: {', '.join(flavors)}"
+        )
+    if spec.timeout_seconds > max_timeout:
+        raise InvalidJob(
+            f"timeoutSeconds {spec.timeout_seconds} exceeds the episode's limit of {max_timeout}"
+        )
+    unknown = sorted(set(spec.datasets) - task.agent_datasets.keys())
+    if unknown:
+        allowed = ", ".join(sorted(task.agent_datasets)) or "none"
+        raise InvalidJob(f"datasets {unknown} are not allowed for task {task.name}; allowed: {allowed}")
+    if spec.purpose == "train" and not spec.script.strip():
+        raise InvalidJob("a train job needs a script")
+    if spec.purpose in ("devEval", "score"):
+        if not spec.checkpoint_from:
+            raise InvalidJob(f"a {spec.purpose} job needs checkpointFrom")
+        if spec.script or spec.packages:
+            raise InvalidJob(
+                f"a {spec.purpose} job runs the task's grader: script and packages must be empty"
+            )
+
+
+def build_request(
+    *,
+    spec: AgentJobSpec,
+    task: Task,
+    namespace: str,
+    job_name: str,
+    uid: str,
+) -> JobRequest:
+    inputs: dict[str, str] = {}
+    repos: list[RepoMount] = []
+    inputs_from: list[OutputMount] = []
+    launcher: dict[str, Any] = {"version": 1, "output_dir": OUTPUT_DIR}
+    if spec.purpose == "train":
+        if task.base_model is not None:
+            repos.append(_mount(AGENT_INPUT_MODEL, task.base_model))
+        names = spec.datasets or sorted(task.agent_datasets)
+        repos += [_mount(name, task.agent_datasets[name]) for name in names]
+        launcher |= {
+            "role": "agent",
+            "script": spec.script,
+            "packages": list(spec.packages),
+            "limits": AGENT_LIMITS,
+        }
+    else:
+        assert spec.checkpoint_from is not None  # validate_against_task guarantees it
+        if task.base_model is not None:
+            repos.append(_mount(GRADER_INPUT_BASE_MODEL, task.base_model))
+        split = task.grader_split("score" if spec.purpose == "score" else "devEval")
+        repos.append(_mount(GRADER_INPUT_SPLIT, split))
+        checkpoint = OutputMount(
+            prefix=output_prefix(namespace, spec.episode, spec.checkpoint_from),
+            mount_path=f"{INPUTS_ROOT}/{GRADER_INPUT_CHECKPOINT}",
+            read_only=True,
+        )
+        inputs_from.append(checkpoint)
+        inputs[GRADER_INPUT_CHECKPOINT] = checkpoint.mount_path
+        launcher |= {
+            "role": "grader",
+            "script": task.grader_script(),
+            "packages": [],
+            "limits": GRADER_LIMITS,
+        }
+    for repo in repos:
+        inputs[repo.mount_path.rsplit("/", 1)[-1]] = repo.mount_path
+    launcher["inputs"] = dict(sorted(inputs.items()))
+    return JobRequest(
+        key=idempotency_key(uid),
+        namespace=namespace,
+        episode=spec.episode,
+        job_name=job_name,
+        flavor=spec.flavor,
+        timeout_seconds=spec.timeout_seconds,
+        launcher_spec=launcher,
+        repos=tuple(repos),
+        outputs=OutputMount(prefix=output_prefix(namespace, spec.episode, job_name), mount_path=OUTPUT_DIR),
+        inputs_from=tuple(inputs_from),
+    )

@@ -1,0 +1,145 @@
+"""Kubernetes API calls the operator makes beyond kopf's own: reads, compare-and-swap status writes,
+merge patches, and creates. Nothing here decides anything."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from posttrain_operator.api.models import GROUP, VERSION, EpisodeStatus, status_of
+
+MERGE_PATCH = "application/merge-patch+json"
+CAS_ATTEMPTS = 20
+T = TypeVar("T")
+
+
+class Conflict(RuntimeError):
+    """A compare-and-swap lost too many races in a row."""
+
+
+async def make_api_client() -> client.ApiClient:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        await config.load_kube_config()
+    return client.ApiClient()
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+
+    async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            body: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return body
+
+    async def get_episode(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get("episodes", namespace, name)
+
+    async def get_agentjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get("agentjobs", namespace, name)
+
+    async def list_agentjobs(self, namespace: str, episode: str) -> list[dict[str, Any]]:
+        result = await self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, "agentjobs", field_selector=f"spec.episode={episode}"
+        )
+        items: list[dict[str, Any]] = result["items"]
+        return items
+
+    async def list_episodes(self, namespace: str) -> list[dict[str, Any]]:
+        result = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
+        items: list[dict[str, Any]] = result["items"]
+        return items
+
+    async def update_episode_status(
+        self,
+        namespace: str,
+        name: str,
+        mutate: Callable[[dict[str, Any], EpisodeStatus], EpisodeStatus | None],
+    ) -> tuple[dict[str, Any], EpisodeStatus, bool]:
+        """Compare-and-swap on the Episode's status: read, mutate, replace with the read's
+        resourceVersion, and start over on a conflict. `mutate` returns None when there is nothing to
+        write; it must be pure, as it may run several times. Returns (body, status, written)."""
+        for _ in range(CAS_ATTEMPTS):
+            body = await self.get_episode(namespace, name)
+            if body is None:
+                raise LookupError(f"episode {namespace}/{name} not found")
+            current = status_of(EpisodeStatus, body.get("status"))
+            new = mutate(body, current)
+            if new is None:
+                return body, current, False
+            body["status"] = {**(body.get("status") or {}), **new.wire()}
+            for cleared in set(current.wire()) - set(new.wire()):
+                body["status"].pop(cleared, None)
+            try:
+                written: dict[str, Any] = await self.custom.replace_namespaced_custom_object_status(
+                    GROUP, VERSION, namespace, "episodes", name, body
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    await asyncio.sleep(0)
+                    continue
+                raise
+            return written, new, True
+        raise Conflict(f"episode {namespace}/{name}: status update lost {CAS_ATTEMPTS} races in a row")
+
+    async def patch_agentjob_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "agentjobs", name, {"status": status}, _content_type=MERGE_PATCH
+        )
+        return body
+
+    async def patch_agentjob(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, "agentjobs", name, patch, _content_type=MERGE_PATCH
+        )
+        return body
+
+    async def create_agentjob(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create, or return the existing object of that name (creates are retried after crashes)."""
+        try:
+            created: dict[str, Any] = await self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "agentjobs", body
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            existing = await self.get_agentjob(namespace, body["metadata"]["name"])
+            if existing is None:
+                raise
+            return existing
+        return created
+
+    async def ensure_secret(self, namespace: str, body: dict[str, Any]) -> bool:
+        """Create a Secret unless one of that name exists; True if this call created it."""
+        try:
+            await self.core.create_namespaced_secret(namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+
+async def retry_conflicts(fn: Callable[[], Awaitable[T]], attempts: int = CAS_ATTEMPTS) -> T:
+    for _ in range(attempts - 1):
+        try:
+            return await fn()
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    return await fn()

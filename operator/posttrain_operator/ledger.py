@@ -1,0 +1,115 @@
+"""The budget ledger: pure functions over integer micro-dollars.
+
+Each AgentJob has at most one entry, keyed by name, so reserving and settling are idempotent: a
+reconcile retried after a crash finds its own entry and changes nothing. Totals are recomputed from
+the entries, so they can never drift from them. Invariant: reserved + settled <= budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+
+from posttrain_operator.api.models import Ledger, LedgerEntry
+from posttrain_operator.api.money import micro_to_usd
+
+
+def reservation_for(price_micro_per_minute: int, timeout_seconds: int) -> int:
+    """The worst case a job can bill: every started minute of its timeout."""
+    return price_micro_per_minute * math.ceil(timeout_seconds / 60)
+
+
+def billed_seconds(started: datetime | None, finished: datetime | None) -> int:
+    """Wall seconds the backend billed for; a job that never started bills nothing."""
+    if started is None or finished is None or finished <= started:
+        return 0
+    return math.ceil((finished - started).total_seconds())
+
+
+def cost_for(price_micro_per_minute: int, seconds: int) -> int:
+    """Per started minute, as HF bills."""
+    return price_micro_per_minute * math.ceil(seconds / 60)
+
+
+def with_totals(ledger: Ledger) -> Ledger:
+    agent = [e for e in ledger.entries.values() if not e.platform]
+    reserved = sum(e.reserved_micro_usd for e in agent if e.settled_micro_usd is None)
+    settled = sum(e.settled_micro_usd or 0 for e in agent)
+    platform = sum(e.settled_micro_usd or 0 for e in ledger.entries.values() if e.platform)
+    return ledger.model_copy(
+        update={
+            "reserved_micro_usd": reserved,
+            "settled_micro_usd": settled,
+            "platform_micro_usd": platform,
+            "reserved_usd": micro_to_usd(reserved),
+            "spent_usd": micro_to_usd(settled),
+        }
+    )
+
+
+def invariant_holds(ledger: Ledger) -> bool:
+    return ledger.reserved_micro_usd + ledger.settled_micro_usd <= ledger.budget_micro_usd
+
+
+@dataclass(frozen=True)
+class Reservation:
+    ledger: Ledger
+    changed: bool
+    admitted: bool
+    message: str = ""
+
+
+def reserve(ledger: Ledger, job: str, amount: int, *, platform: bool = False) -> Reservation:
+    """Reserve `amount` for `job` if the budget allows; platform (grader) jobs are never refused."""
+    if job in ledger.entries:
+        return Reservation(ledger, changed=False, admitted=True)
+    if not platform:
+        committed = ledger.reserved_micro_usd + ledger.settled_micro_usd
+        if committed + amount > ledger.budget_micro_usd:
+            remaining = ledger.budget_micro_usd - committed
+            return Reservation(
+                ledger,
+                changed=False,
+                admitted=False,
+                message=(
+                    f"job needs ${micro_to_usd(amount)} reserved (price per minute x timeout minutes) but only "
+                    f"${micro_to_usd(remaining)} of the ${micro_to_usd(ledger.budget_micro_usd)} budget is left "
+                    f"(${micro_to_usd(ledger.settled_micro_usd)} spent, "
+                    f"${micro_to_usd(ledger.reserved_micro_usd)} reserved by running jobs)"
+                ),
+            )
+    entries = {
+        **ledger.entries,
+        job: LedgerEntry(reserved_micro_usd=0 if platform else amount, platform=platform),
+    }
+    return Reservation(
+        with_totals(ledger.model_copy(update={"entries": entries})), changed=True, admitted=True
+    )
+
+
+def settle(ledger: Ledger, job: str, cost: int) -> tuple[Ledger, int, bool]:
+    """Release `job`'s reservation and charge its real cost; returns (ledger, charged, changed).
+
+    An agent job is charged at most what it reserved: the backend enforces the timeout, so a higher
+    bill is a rounding artefact of start/finish stamps and is booked as platform spend instead of
+    breaking the invariant. A job with no entry (never admitted) is booked as platform spend.
+    """
+    entry = ledger.entries.get(job)
+    if entry is not None and entry.settled_micro_usd is not None:
+        return ledger, entry.settled_micro_usd, False
+    if entry is None or entry.platform:
+        settled = LedgerEntry(reserved_micro_usd=0, settled_micro_usd=cost, platform=True)
+        entries = {**ledger.entries, job: settled}
+        return with_totals(ledger.model_copy(update={"entries": entries})), cost, True
+    charged = min(cost, entry.reserved_micro_usd)
+    entries = {**ledger.entries, job: entry.model_copy(update={"settled_micro_usd": charged})}
+    overrun = cost - charged
+    if overrun:
+        entries[f"{job}.overrun"] = LedgerEntry(settled_micro_usd=overrun, platform=True)
+    return with_totals(ledger.model_copy(update={"entries": entries})), charged, True
+
+
+def cheapest_possible_job(price_micro_per_minute: int) -> int:
+    """The least any new job can reserve (one minute): below this, no job can ever be admitted."""
+    return price_micro_per_minute

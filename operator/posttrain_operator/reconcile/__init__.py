@@ -1,0 +1,1 @@
+"""Reconcilers: each one reads, decides with a pure function, acts, then writes status."""

@@ -1,0 +1,59 @@
+"""What every reconciler needs, injected once at start-up (tests build their own)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from posttrain_operator.backends.base import Backend
+from posttrain_operator.config import OperatorSettings
+from posttrain_operator.k8s import Kube
+
+EventSink = Callable[[dict[str, Any], str, str, str], None]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+class KeyedLocks:
+    """One asyncio.Lock per object, so two handlers never act on the same object at once."""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, ...], asyncio.Lock] = {}
+
+    def __call__(self, *key: str) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+
+def _no_events(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    return None
+
+
+@dataclass
+class Context:
+    kube: Kube
+    backends: dict[str, Backend]
+    settings: OperatorSettings
+    clock: Callable[[], datetime] = utcnow
+    locks: KeyedLocks = field(default_factory=KeyedLocks)
+    emit: EventSink = _no_events
+
+    def backend(self, name: str) -> Backend:
+        try:
+            return self.backends[name]
+        except KeyError:
+            raise LookupError(f"backend {name!r} is not enabled in this operator") from None

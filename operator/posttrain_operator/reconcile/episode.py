@@ -1,0 +1,417 @@
+"""Episode lifecycle: start (or wait while the namespace has orphans), enforce limits, score the
+submission, end, cancel everything, and retry unconfirmed cancellations with backoff."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from graders.registry import Task, UnknownTaskError, get_task
+from posttrain_operator.api import conditions as cond
+from posttrain_operator.api.models import (
+    API_VERSION,
+    TERMINAL_JOB_PHASES,
+    AgentJobStatus,
+    EpisodeSpec,
+    EpisodeStatus,
+    Outcome,
+    status_of,
+)
+from posttrain_operator.api.money import usd_to_micro
+from posttrain_operator.backends.base import BackendError
+from posttrain_operator.ledger import with_totals
+from posttrain_operator.reconcile.agentjob import (
+    EPISODE_LABEL,
+    cancel_agentjob,
+    with_orphan_condition,
+)
+from posttrain_operator.reconcile.context import Context, iso, parse_iso
+
+log = logging.getLogger(__name__)
+
+ENDED_PHASES = {"Completed", "Failed"}
+TOKEN_SECRET_KEY = "token"
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class End:
+    outcome: Outcome
+    reward: str | None
+    message: str
+    phase: str = "Completed"
+
+
+# --- pure decisions ----------------------------------------------------------------------------
+
+
+def limit_reached(
+    spec: EpisodeSpec, status: EpisodeStatus, task: Task, now: datetime, cheapest_price: int | None
+) -> End | None:
+    """The step, wall-time and budget limits: each ends the episode with reward "0"."""
+    max_steps = spec.limits.max_steps or task.limits.max_steps
+    if status.steps >= max_steps:
+        return End(
+            "LimitReached", "0", f"step limit reached ({status.steps} of {max_steps}) without a submission"
+        )
+    deadline = parse_iso(status.deadline)
+    if deadline is not None and now >= deadline:
+        return End("LimitReached", "0", "wall-time limit reached without a submission")
+    ledger = status.ledger
+    running = any(not e.platform and e.settled_micro_usd is None for e in ledger.entries.values())
+    remaining = ledger.budget_micro_usd - ledger.reserved_micro_usd - ledger.settled_micro_usd
+    if cheapest_price is not None and not running and remaining < cheapest_price:
+        return End("LimitReached", "0", "budget exhausted: no job can be admitted any more")
+    return None
+
+
+def scoring_outcome(score_job: dict[str, Any] | None) -> End | None:
+    """The episode's end once its score job is terminal (None while it is still running)."""
+    if score_job is None:
+        return None
+    status = status_of(AgentJobStatus, score_job.get("status"))
+    if status.phase not in TERMINAL_JOB_PHASES:
+        return None
+    result = status.result
+    if (
+        status.phase == "Succeeded"
+        and result is not None
+        and result.status == "ok"
+        and result.score is not None
+    ):
+        return End("Scored", result.score, f"hidden-split score {result.score} (n={result.n})")
+    if status.phase == "Succeeded" and result is not None and result.status == "invalid_checkpoint":
+        # The policy's own fault: a real zero, not a platform failure.
+        return End("Scored", "0", f"invalid checkpoint: {result.reason}")
+    detail = (result.reason if result else None) or status.message or status.phase
+    return End("GraderFailed", None, f"grading failed on the platform side: {detail}")
+
+
+# --- actions -----------------------------------------------------------------------------------
+
+
+async def _set(ctx: Context, body: dict[str, Any], **update: Any) -> EpisodeStatus:
+    meta = body["metadata"]
+
+    def mutate(_: dict[str, Any], current: EpisodeStatus) -> EpisodeStatus | None:
+        new = current.model_copy(update=update)
+        return None if new == current else new
+
+    _, status, _ = await ctx.kube.update_episode_status(meta["namespace"], meta["name"], mutate)
+    return status
+
+
+def _condition(
+    ctx: Context, body: dict[str, Any], status: EpisodeStatus, type_: str, ok: bool, reason: str, message: str
+) -> list[Any]:
+    conditions, _ = cond.set_condition(
+        status.conditions,
+        type_,
+        ok,
+        reason,
+        message,
+        iso(ctx.clock()),
+        int(body["metadata"].get("generation", 1)),
+    )
+    return conditions
+
+
+async def reconcile_episode(ctx: Context, namespace: str, name: str) -> None:
+    async with ctx.locks("episode", namespace, name):
+        body = await ctx.kube.get_episode(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        spec = EpisodeSpec.model_validate(body["spec"])
+        status = status_of(EpisodeStatus, body.get("status"))
+        try:
+            task = get_task(spec.task)
+        except UnknownTaskError as exc:
+            if status.phase != "Failed":
+                await _set(ctx, body, phase="Failed", message=str(exc))
+                ctx.emit(body, "Warning", "UnknownTask", str(exc))
+            return
+        if status.phase in (None, "Pending"):
+            await _start(ctx, body, spec, status, task)
+        elif status.phase == "Running":
+            if spec.submission is not None:
+                await _start_scoring(ctx, body, spec, status, task)
+            else:
+                end = limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task))
+                if end is not None:
+                    await end_episode(ctx, body, end)
+        elif status.phase == "Scoring":
+            await _check_scoring(ctx, body, spec, status, task)
+        elif status.phase in ENDED_PHASES and _has_unsettled_jobs(status):
+            await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode ended")
+        await collect_orphans(ctx, namespace, name)
+
+
+def _has_unsettled_jobs(status: EpisodeStatus) -> bool:
+    unsettled = {n for n, e in status.ledger.entries.items() if e.settled_micro_usd is None}
+    orphaned = {o.name for o in status.orphaned_jobs}
+    return bool(unsettled - orphaned)
+
+
+async def _cheapest_price(ctx: Context, spec: EpisodeSpec, task: Task) -> int | None:
+    backend = ctx.backend(spec.backend)
+    prices = []
+    for flavor in spec.flavors or task.default_flavors:
+        try:
+            prices.append(await backend.price(flavor))
+        except BackendError:
+            continue
+    return min(prices) if prices else None
+
+
+async def _blocking_orphans(ctx: Context, namespace: str, name: str) -> list[str]:
+    blocking = []
+    for other in await ctx.kube.list_episodes(namespace):
+        if other["metadata"]["name"] == name:
+            continue
+        for orphan in status_of(EpisodeStatus, other.get("status")).orphaned_jobs:
+            blocking.append(f"{other['metadata']['name']}/{orphan.name}")
+    return blocking
+
+
+async def _start(
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
+) -> None:
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    blocking = await _blocking_orphans(ctx, namespace, name)
+    if blocking:
+        message = f"jobs whose cancellation is unconfirmed in this namespace: {', '.join(blocking)}"
+        conditions = _condition(ctx, body, status, cond.BLOCKED, True, cond.ORPHANED_JOBS, message)
+        if status.phase != "Pending" or conditions != status.conditions:
+            await _set(ctx, body, phase="Pending", conditions=conditions)
+            ctx.emit(body, "Warning", cond.ORPHANED_JOBS, message)
+        return
+    token_hash_, secret_name = await _agent_token(ctx, body, spec)
+    now = ctx.clock()
+    wall = spec.limits.max_wall_seconds or task.limits.max_wall_seconds
+    ledger = with_totals(status.ledger.model_copy(update={"budget_micro_usd": usd_to_micro(spec.budget_usd)}))
+    conditions = status.conditions
+    if any(c.type == cond.BLOCKED for c in conditions):
+        conditions = _condition(ctx, body, status, cond.BLOCKED, False, "NoOrphans", "no orphaned jobs")
+    started = status.model_copy(update={"conditions": conditions})
+    conditions = _condition(
+        ctx, body, started, cond.READY, True, "Started", f"episode started for task {task.name}"
+    )
+    await _set(
+        ctx,
+        body,
+        phase="Running",
+        started_at=iso(now),
+        deadline=iso(now + timedelta(seconds=wall)),
+        ledger=ledger,
+        agent_token_hash=token_hash_,
+        agent_token_secret=secret_name,
+        conditions=conditions,
+        observed_generation=body["metadata"].get("generation"),
+    )
+    ctx.emit(body, "Normal", "Started", f"budget ${spec.budget_usd}, {wall}s wall time")
+
+
+async def _agent_token(ctx: Context, body: dict[str, Any], spec: EpisodeSpec) -> tuple[str, str | None]:
+    """The creator's token hash, or a fresh token in a Secret the Episode owns (only its hash is kept)."""
+    if spec.agent_token_hash:
+        return spec.agent_token_hash, None
+    meta = body["metadata"]
+    secret_name = f"{meta['name']}-agent-token"
+    token = secrets.token_urlsafe(32)
+    created = await ctx.kube.ensure_secret(
+        meta["namespace"],
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": secret_name,
+                "labels": {EPISODE_LABEL: meta["name"]},
+                "ownerReferences": [
+                    {"apiVersion": API_VERSION, "kind": "Episode", "name": meta["name"], "uid": meta["uid"]}
+                ],
+            },
+            "type": "Opaque",
+            "data": {TOKEN_SECRET_KEY: base64.b64encode(token.encode()).decode()},
+        },
+    )
+    if not created:  # a retry after a crash: the Secret from the first attempt is the truth
+        existing = await ctx.kube.core.read_namespaced_secret(secret_name, meta["namespace"])
+        token = base64.b64decode(existing.data[TOKEN_SECRET_KEY]).decode()
+    return token_hash(token), secret_name
+
+
+async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
+    status = status_of(EpisodeStatus, body.get("status"))
+    conditions = _condition(ctx, body, status, cond.READY, False, end.outcome, end.message)
+    await _set(
+        ctx,
+        body,
+        phase=end.phase,
+        outcome=end.outcome,
+        reward=end.reward,
+        message=end.message,
+        ended_at=iso(ctx.clock()),
+        conditions=conditions,
+    )
+    ctx.emit(body, "Normal" if end.outcome == "Scored" else "Warning", end.outcome, end.message)
+    await cancel_all(ctx, body, cond.EPISODE_ENDED, f"episode ended: {end.message}")
+
+
+async def cancel_all(
+    ctx: Context, body: dict[str, Any], reason: str, message: str, *, keep: str | None = None
+) -> bool:
+    """Cancel every non-terminal job of the episode; True when every cancellation is confirmed."""
+    meta = body["metadata"]
+    confirmed = True
+    for job in await ctx.kube.list_agentjobs(meta["namespace"], meta["name"]):
+        job_name = job["metadata"]["name"]
+        if job_name == keep or status_of(AgentJobStatus, job.get("status")).phase in TERMINAL_JOB_PHASES:
+            continue
+        async with ctx.locks("agentjob", meta["namespace"], job_name):
+            confirmed = await cancel_agentjob(ctx, meta["namespace"], job_name, reason, message) and confirmed
+    return confirmed
+
+
+async def _start_scoring(
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
+) -> None:
+    assert spec.submission is not None
+    meta = body["metadata"]
+    source = await ctx.kube.get_agentjob(meta["namespace"], spec.submission.checkpoint_from)
+    source_status = status_of(AgentJobStatus, (source or {}).get("status"))
+    if (
+        source is None
+        or source["spec"].get("episode") != meta["name"]
+        or source["spec"].get("purpose") != "train"
+        or source_status.phase != "Succeeded"
+    ):
+        await end_episode(
+            ctx,
+            body,
+            End(
+                "Scored",
+                "0",
+                f"submission {spec.submission.checkpoint_from!r} is not a succeeded train job of this episode",
+            ),
+        )
+        return
+    score_job = f"{meta['name']}-score"
+    await _set(
+        ctx,
+        body,
+        phase="Scoring",
+        scoring_job=score_job,
+        message="scoring the submission on the hidden split",
+    )
+    ctx.emit(
+        body, "Normal", "Scoring", f"submission {spec.submission.checkpoint_from}; grader job {score_job}"
+    )
+    # The agent is done: its other jobs would only bill.
+    await cancel_all(
+        ctx, body, cond.EPISODE_ENDED, "the episode's submission is being scored", keep=score_job
+    )
+    await _ensure_score_job(ctx, body, spec, task, score_job)
+
+
+async def _ensure_score_job(
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, task: Task, job_name: str
+) -> dict[str, Any]:
+    meta = body["metadata"]
+    assert spec.submission is not None
+    return await ctx.kube.create_agentjob(
+        meta["namespace"],
+        {
+            "apiVersion": API_VERSION,
+            "kind": "AgentJob",
+            "metadata": {
+                "name": job_name,
+                "labels": {EPISODE_LABEL: meta["name"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": API_VERSION,
+                        "kind": "Episode",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "episode": meta["name"],
+                "purpose": "score",
+                "flavor": (spec.flavors or task.default_flavors)[0],
+                "timeoutSeconds": spec.scoring.timeout_seconds or task.scoring_timeout_seconds,
+                "checkpointFrom": spec.submission.checkpoint_from,
+            },
+        },
+    )
+
+
+async def _check_scoring(
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
+) -> None:
+    meta = body["metadata"]
+    job_name = status.scoring_job or f"{meta['name']}-score"
+    job = await ctx.kube.get_agentjob(meta["namespace"], job_name)
+    if job is None:  # a crash between recording the phase and creating the job
+        await _ensure_score_job(ctx, body, spec, task, job_name)
+        return
+    end = scoring_outcome(job)
+    if end is not None:
+        await end_episode(ctx, body, end)
+
+
+async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
+    """Retry each due orphan's cancellation, with exponential backoff between attempts."""
+    body = await ctx.kube.get_episode(namespace, name)
+    if body is None:
+        return
+    status = status_of(EpisodeStatus, body.get("status"))
+    now = ctx.clock()
+    for orphan in status.orphaned_jobs:
+        due = parse_iso(orphan.next_attempt_at)
+        if due is not None and now < due:
+            continue
+        async with ctx.locks("agentjob", namespace, orphan.name):
+            confirmed = await cancel_agentjob(
+                ctx, namespace, orphan.name, cond.EPISODE_ENDED, "orphan collected"
+            )
+        if confirmed:
+            ctx.emit(body, "Normal", "OrphanCollected", f"backend confirmed cancellation of {orphan.name}")
+            continue
+        delay = min(
+            ctx.settings.orphan_retry_max_seconds,
+            ctx.settings.orphan_retry_initial_seconds * 2 ** min(orphan.attempts, 16),
+        )
+
+        def bump(
+            episode: dict[str, Any], current: EpisodeStatus, job: str = orphan.name, wait: float = delay
+        ) -> EpisodeStatus | None:
+            orphans = [
+                o.model_copy(
+                    update={"attempts": o.attempts + 1, "next_attempt_at": iso(now + timedelta(seconds=wait))}
+                )
+                if o.name == job
+                else o
+                for o in current.orphaned_jobs
+            ]
+            return with_orphan_condition(ctx, episode, current.model_copy(update={"orphaned_jobs": orphans}))
+
+        await ctx.kube.update_episode_status(namespace, name, bump)
+
+
+async def finalize_episode(ctx: Context, namespace: str, name: str) -> bool:
+    """On deletion: cancel every job; True once all are confirmed (the finalizer may then go)."""
+    body = await ctx.kube.get_episode(namespace, name)
+    if body is None:
+        return True
+    return await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode was deleted")

@@ -1,0 +1,85 @@
+"""Wire the operator together from its settings: API client, backends, context, poller."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from posttrain_operator.backends.base import Backend
+from posttrain_operator.backends.hf_jobs import HfJobsBackend, HfJobsConfig, install_client_timeout
+from posttrain_operator.config import OperatorSettings
+from posttrain_operator.k8s import Kube, make_api_client
+from posttrain_operator.reconcile.context import Context
+
+log = logging.getLogger(__name__)
+
+
+def build_backends(settings: OperatorSettings) -> dict[str, Backend]:
+    backends: dict[str, Backend] = {}
+    if settings.hf_enabled:
+        assert settings.hf_token is not None and settings.hf_namespace is not None
+        install_client_timeout(settings.hf_http_timeout_seconds)
+        backends["hf-jobs"] = HfJobsBackend(
+            HfJobsConfig(
+                endpoint=settings.hf_endpoint,
+                token=settings.hf_token.get_secret_value(),
+                namespace=settings.hf_namespace,
+                image=settings.hf_image,
+                bucket=settings.hf_bucket_id,
+                instance=settings.instance,
+                http_timeout_s=settings.hf_http_timeout_seconds,
+            )
+        )
+    return backends
+
+
+class EventRecorder:
+    """Posts Kubernetes Events without blocking the caller (kopf.event only works inside handlers,
+    and the poller is not one). A failed post is logged, never raised: events are best effort."""
+
+    def __init__(self, kube: Kube, component: str) -> None:
+        self.kube = kube
+        self.component = component
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def __call__(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._post(body, type_, reason, message))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _post(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = body["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": self.component},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.kube.core.create_namespaced_event(meta["namespace"], event)
+        except Exception as exc:
+            log.debug("posting event %s for %s failed: %s", reason, meta["name"], exc)
+
+
+async def build_context(settings: OperatorSettings) -> Context:
+    kube = Kube(await make_api_client())
+    return Context(
+        kube=kube,
+        backends=build_backends(settings),
+        settings=settings,
+        emit=EventRecorder(kube, settings.instance),
+    )

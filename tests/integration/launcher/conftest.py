@@ -1,0 +1,127 @@
+"""Launch real jobs: the launcher as a subprocess, as root, exactly as a backend starts it.
+
+No cluster is involved. Job scripts live in `jobs/`; each writes what it observed to
+`$POSTTRAIN_OUTPUT_DIR/result.json`, which the tests assert on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from posttrain_launcher import JobSpec, Limits, launcher_command, launcher_env
+from posttrain_launcher.host import job_interpreter
+
+JOBS = Path(__file__).parent / "jobs"
+
+requires_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the sandbox tests launch as root, as a real job does (drop to uid 10000)"
+)
+
+
+@dataclasses.dataclass
+class Launched:
+    returncode: int
+    stdout: str
+    stderr: str
+    output_dir: Path
+
+    def result(self) -> dict[str, Any]:
+        path = self.output_dir / "result.json"
+        assert path.exists(), f"the job wrote no result.json; rc={self.returncode} stderr:\n{self.stderr}"
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+
+
+def job_script(name: str, **subst: object) -> str:
+    text = (JOBS / name).read_text()
+    for key, value in subst.items():
+        text = text.replace(f"@@{key}@@", str(value))
+    return text
+
+
+@pytest.fixture(scope="session")
+def job_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # tmp_path is private to root; the job's uid must be able to reach the interpreter.
+    workdir = tempfile.mkdtemp(prefix="posttrain-launcher-tests-")
+    os.chmod(workdir, 0o755)
+    try:
+        yield job_interpreter(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def make_job_root() -> Path:
+    """A POSTTRAIN_ROOT that uid 10000 can search, with a root-owned read-only input tree.
+
+    Not under pytest's tmp_path: that is private to root, and the job must reach its outputs.
+    """
+    root = Path(tempfile.mkdtemp(prefix="posttrain-job-root-"))
+    root.chmod(0o755)
+    model = root / "inputs" / "model"
+    model.mkdir(parents=True)
+    (model / "weights.bin").write_bytes(b"\x00" * 64)
+    (model / "config.json").write_text("{}")
+    return root
+
+
+def launch_job(
+    python: str,
+    root: Path,
+    script: str,
+    *,
+    packages: list[str] | None = None,
+    limits: Limits | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    spec_json: str | None = None,
+    timeout: float = 180,
+) -> Launched:
+    spec = JobSpec(
+        role="agent",
+        script=script,
+        packages=packages or [],
+        inputs={"model": "/inputs/model"},
+        output_dir="/outputs",
+        limits=limits or Limits(),
+    )
+    env = launcher_env(spec, root=str(root), base={**os.environ, **(extra_env or {})})
+    if spec_json is not None:
+        env["POSTTRAIN_JOB_SPEC"] = spec_json
+    proc = subprocess.run(
+        launcher_command(python),
+        env=env,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    return Launched(proc.returncode, proc.stdout, proc.stderr, root / "outputs")
+
+
+@pytest.fixture
+def job_root() -> Iterator[Path]:
+    root = make_job_root()
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+Launch = Callable[..., Launched]
+
+
+@pytest.fixture
+def launch(job_python: str, job_root: Path) -> Launch:
+    """`launch(script, packages=..., limits=..., extra_env=...)` -> Launched."""
+    return functools.partial(launch_job, job_python, job_root)

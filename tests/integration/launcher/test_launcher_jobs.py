@@ -1,0 +1,227 @@
+"""What a launched job can still do, and how the launcher bounds and reports it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from posttrain_launcher import JobSpec, Limits, launcher_command, launcher_env
+
+from .conftest import Launch, job_script, requires_root
+
+pytestmark = requires_root
+
+
+def test_unix_sockets_threads_multiprocessing_and_numpy_work(launch: Launch) -> None:
+    job = launch(job_script("capabilities_probe.py"))
+    assert job.returncode == 0, job.stderr
+    assert job.result() == {
+        "unix": "pingpong",
+        "threads": 285,
+        "mp_fork_pool": 285,
+        "mp_spawn": 49,
+        "mp_manager": [1, 2, 3, 4],
+        "numpy": 45.0,
+    }
+
+
+def test_stdout_and_stderr_are_relayed_and_the_exit_code_is_the_scripts(launch: Launch) -> None:
+    job = launch("import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nsys.exit(7)")
+    assert job.returncode == 7
+    assert job.stdout == "to stdout\n"
+    assert "to stderr\n" in job.stderr
+
+
+def test_a_job_killed_by_a_signal_exits_128_plus_the_signal(launch: Launch) -> None:
+    job = launch("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert job.returncode == 128 + signal.SIGKILL
+    assert "killed by SIGKILL" in job.stderr
+
+
+def test_logs_are_truncated_after_max_log_bytes_with_a_marker(launch: Launch) -> None:
+    script = (
+        "import sys\nfor i in range(2000):\n    print(f'line {i:05d}')\n    print('err', file=sys.stderr)"
+    )
+    job = launch(script, limits=Limits(max_log_bytes=4096))
+    assert job.returncode == 0
+    marker = "posttrain-launcher: log truncated after 4096 bytes"
+    assert marker in job.stderr
+    job_bytes = (
+        len(job.stdout.encode())
+        + len(job.stderr.encode())
+        - len(
+            "".join(
+                ln + "\n" for ln in job.stderr.splitlines() if ln.startswith("posttrain-launcher:")
+            ).encode()
+        )
+    )
+    assert job_bytes <= 4096 + 1  # + the newline the marker may need to start on its own line
+    assert "line 01999" not in job.stdout
+
+
+def test_outputs_past_the_total_cap_stop_the_job(launch: Launch) -> None:
+    # Each file stays under the per-file cap; together they pass the total. The job then idles:
+    # the launcher's scan must kill it, not wait for it.
+    script = (
+        "import os, time\n"
+        "out = os.environ['POSTTRAIN_OUTPUT_DIR']\n"
+        "for i in range(3):\n"
+        "    open(os.path.join(out, f'part{i}'), 'wb').write(b'x' * 600_000)\n"
+        "time.sleep(120)\n"
+        "open(os.path.join(out, 'survived'), 'w').write('yes')\n"
+    )
+    job = launch(script, limits=Limits(max_output_bytes=1_000_000))
+    assert job.returncode == 3
+    assert "error: the job's outputs passed max_output_bytes (1000000)" in job.stderr
+    assert "killed by SIGKILL" in job.stderr
+    assert not (job.output_dir / "survived").exists()
+
+
+def test_sigterm_to_the_launcher_reaches_the_job(job_python: str, job_root: Path) -> None:
+    script = (
+        "import os, signal, sys, time\n"
+        "def bye(*_):\n"
+        "    open(os.path.join(os.environ['POSTTRAIN_OUTPUT_DIR'], 'got-sigterm'), 'w').close()\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    spec = JobSpec(role="agent", script=script, output_dir="/outputs")
+    proc = subprocess.Popen(
+        launcher_command(job_python),
+        env=launcher_env(spec, root=str(job_root)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (job_root / "outputs" / "got-sigterm").exists()
+
+
+def test_scratch_is_private_and_removed_afterwards(launch: Launch) -> None:
+    script = (
+        "import json, os, tempfile\n"
+        "info = {'home': os.environ['HOME'], 'tmp': tempfile.gettempdir(), 'cwd': os.getcwd()}\n"
+        "open(os.path.join(os.environ['HOME'], 'f'), 'w').write('x')\n"
+        "json.dump(info, open(os.path.join(os.environ['POSTTRAIN_OUTPUT_DIR'], 'result.json'), 'w'))\n"
+    )
+    job = launch(script)
+    assert job.returncode == 0, job.stderr
+    info = job.result()
+    scratch = Path(info["cwd"])
+    assert Path(info["home"]).parent == scratch
+    assert Path(info["tmp"]).parent == scratch
+    assert not scratch.exists()
+
+
+def test_an_unprivileged_launcher_still_locks_the_job_down(job_python: str, job_root: Path) -> None:
+    """The image runs as USER 10000: no drop, but the same filter, and the launcher's environ
+    (unscrubbed, same uid) stays unreadable because the launcher makes itself non-dumpable."""
+    script = (
+        "import json, os, socket\n"
+        "r = {}\n"
+        "try:\n    socket.socket(socket.AF_INET)\n    r['inet'] = 'ok'\n"
+        "except OSError as e:\n    r['inet'] = e.errno\n"
+        "try:\n    open(f'/proc/{os.getppid()}/environ', 'rb').read()\n    r['parent'] = 'ok'\n"
+        "except OSError as e:\n    r['parent'] = e.errno\n"
+        "st = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "r['uid'] = st['Uid'].split()[0]\n"
+        "r['seccomp'] = st['Seccomp'].strip()\n"
+        "json.dump(r, open(os.path.join(os.environ['POSTTRAIN_OUTPUT_DIR'], 'result.json'), 'w'))\n"
+    )
+    out = job_root / "outputs"
+    out.mkdir()
+    os.chown(out, 10000, 10000)
+    spec = JobSpec(role="agent", script=script, output_dir="/outputs")
+    env = launcher_env(spec, root=str(job_root), base={**os.environ, "HF_TOKEN": "hf_unprivileged_sentinel"})
+    proc = subprocess.run(
+        launcher_command(job_python),
+        env=env,
+        user=10000,
+        group=10000,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "result.json").read_text())
+    assert result == {"inet": 13, "parent": 13, "uid": "10000", "seccomp": "2"}
+
+
+def test_a_job_that_leaves_a_process_behind_does_not_hang_the_launcher(launch: Launch) -> None:
+    # The grandchild keeps the log pipes open; the launcher stops waiting for them shortly after
+    # the job exits and kills what is left in the job's process group.
+    script = (
+        "import os, subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "open(os.path.join(os.environ['POSTTRAIN_OUTPUT_DIR'], 'pid'), 'w').write(str(p.pid))\n"
+    )
+    job = launch(script, timeout=60)
+    assert job.returncode == 0, job.stderr
+    pid = int((job.output_dir / "pid").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("packages", "want"),
+    [
+        pytest.param(["docopt==0.6.2"], "package install failed", id="sdist-only package"),
+        pytest.param(["six @ https://example.com/six.whl"], "refused", id="URL requirement"),
+        pytest.param(["--index-url=https://example.com/simple", "six"], "refused", id="index-url injection"),
+        pytest.param(["-e", "."], "refused", id="editable injection"),
+        pytest.param([f"pkg{i}" for i in range(33)], "at most 32", id="oversize list"),
+    ],
+)
+def test_package_policy_refuses_before_any_script_runs(
+    launch: Launch, job_root: Path, packages: list[str], want: str
+) -> None:
+    script = "import os\nopen(os.path.join(os.environ['POSTTRAIN_OUTPUT_DIR'], 'ran'), 'w').close()"
+    # JobSpec would reject the oversize list itself; pass the raw JSON as a backend might.
+    raw = {"version": 1, "role": "agent", "script": script, "packages": packages, "output_dir": "/outputs"}
+    job = launch(script, spec_json=json.dumps(raw))
+    assert job.returncode == 2
+    last = job.stderr.strip().splitlines()[-1]
+    assert last.startswith("posttrain-launcher: error: ")
+    assert want in last
+    assert not (job_root / "outputs" / "ran").exists()
+
+
+def test_a_wheel_installs_into_the_job_local_target(launch: Launch) -> None:
+    script = (
+        "import json, os, six\n"
+        "r = {'version': six.__version__, 'file': six.__file__, 'path': os.environ['PYTHONPATH']}\n"
+        "json.dump(r, open(os.path.join(os.environ['POSTTRAIN_OUTPUT_DIR'], 'result.json'), 'w'))\n"
+    )
+    job = launch(script, packages=["six==1.17.0"])
+    assert job.returncode == 0, job.stderr
+    result = job.result()
+    assert result["version"] == "1.17.0"
+    target = result["path"].split(os.pathsep)[0]
+    assert result["file"] == os.path.join(target, "six.py")
+    assert "installed 1 package(s): six==1.17.0" in job.stderr

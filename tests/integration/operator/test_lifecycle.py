@@ -1,0 +1,109 @@
+"""Episode and AgentJob lifecycles end to end: the real API server, the operator process, the emulator."""
+
+from __future__ import annotations
+
+import base64
+
+import yaml
+
+from devstack.hf_emulator import HfEmulator
+from posttrain_operator.reconcile.episode import token_hash
+from tests.conftest import Kubectl
+from tests.helpers import kubectl_json, wait_for
+from tests.integration.operator.conftest import (
+    REPO,
+    OperatorProcess,
+    agentjob_manifest,
+    apply,
+    episode_manifest,
+    get,
+    wait_phase,
+)
+
+CPU_BASIC_MICRO_PER_MINUTE = 167
+
+
+def test_example_episode_runs_and_shows_spend_columns(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    kubectl("-n", namespace, "apply", "-f", str(REPO / "examples" / "episode-hf-jobs.yaml"))
+    name = yaml.safe_load((REPO / "examples" / "episode-hf-jobs.yaml").read_text())["metadata"]["name"]
+    episode = wait_phase(kubectl, namespace, "episode", name, {"Running"})
+
+    ledger = episode["status"]["ledger"]
+    assert ledger["budgetMicroUSD"] == 50_000
+    assert ledger["reservedMicroUSD"] == 0 and ledger["settledMicroUSD"] == 0
+    # No token hash in the spec: the operator made a token and keeps it in a Secret the Episode owns.
+    secret = kubectl_json(kubectl, "-n", namespace, "get", "secret", episode["status"]["agentTokenSecret"])
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == episode["metadata"]["uid"]
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert token_hash(token) == episode["status"]["agentTokenHash"]
+
+    table = kubectl("-n", namespace, "get", "eps,aj").stdout
+    header = table.splitlines()[0].split()
+    assert header == ["NAME", "PHASE", "TASK", "SPENT", "RESERVED", "BUDGET", "REWARD", "AGE"]
+    assert "Running" in table and "t0_artifact" in table and "0.05" in table
+
+
+def test_job_is_admitted_run_and_settled_at_billed_minutes(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
+) -> None:
+    apply(kubectl, namespace, episode_manifest("ep1", budget="0.50"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    apply(kubectl, namespace, agentjob_manifest("job1", "ep1", timeoutSeconds=600))
+
+    job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Succeeded"})
+    status = job["status"]
+    assert status["backendJobId"] in emulator.job_ids()
+    assert status["idempotencyKey"] == f"aj-{job['metadata']['uid']}"
+    assert status["billedSeconds"] >= 1
+    billed = next(r for r in emulator.billing() if r.job_id == status["backendJobId"])
+    assert status["settledMicroUSD"] == billed.cost_micro_usd == CPU_BASIC_MICRO_PER_MINUTE
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "Episode"
+
+    episode = wait_for(
+        lambda: (e := get(kubectl, namespace, "episode", "ep1"))["status"]["ledger"]["settledMicroUSD"] and e,
+        what="the episode ledger to settle",
+    )
+    ledger = episode["status"]["ledger"]
+    assert ledger["reservedMicroUSD"] == 0
+    assert ledger["settledMicroUSD"] == CPU_BASIC_MICRO_PER_MINUTE
+    assert ledger["spentUSD"] == "0.000167"
+
+
+def test_job_over_budget_is_rejected_with_the_numbers(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    # 600 s on cpu-basic reserves 10 minutes x $0.000167 = $0.00167; the budget is $0.001.
+    apply(kubectl, namespace, episode_manifest("ep1", budget="0.001"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    apply(kubectl, namespace, agentjob_manifest("big", "ep1", timeoutSeconds=600))
+
+    job = wait_phase(kubectl, namespace, "agentjob", "big", {"Rejected"})
+    assert job["status"]["reason"] == "BudgetExceeded"
+    assert "$0.00167" in job["status"]["message"] and "$0.001" in job["status"]["message"]
+    ledger = get(kubectl, namespace, "episode", "ep1")["status"]["ledger"]
+    assert ledger["reservedMicroUSD"] == 0 and "big" not in ledger.get("entries", {})
+
+
+def test_job_naming_a_missing_episode_is_rejected(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    apply(kubectl, namespace, agentjob_manifest("lost", "no-such-episode"))
+    job = wait_phase(kubectl, namespace, "agentjob", "lost", {"Rejected"})
+    assert job["status"]["reason"] == "EpisodeNotFound"
+    assert "no-such-episode" in job["status"]["message"]
+
+
+def test_score_job_from_a_user_is_rejected(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    apply(kubectl, namespace, episode_manifest("ep1"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    apply(
+        kubectl,
+        namespace,
+        agentjob_manifest("fake-score", "ep1", purpose="score", script="", checkpointFrom="x"),
+    )
+    job = wait_phase(kubectl, namespace, "agentjob", "fake-score", {"Rejected"})
+    assert job["status"]["message"] == "score jobs are created only by the operator"
