@@ -35,6 +35,13 @@ class OperatorSettings(BaseSettings):
     pods_image: str = "localhost/posttrain-launcher:0.1.0"
     pods_flavors: dict[str, PodFlavor] = Field(default_factory=lambda: {"cpu-basic": PodFlavor()})
 
+    # The internal broker API (logs, artifacts) that only the gateway's ServiceAccount may call.
+    broker_host: str = "0.0.0.0"
+    broker_port: int = Field(default=8081, ge=0, le=65535)
+    broker_allowed_users: list[str] = Field(
+        default_factory=lambda: ["system:serviceaccount:posttrain-system:posttrain-gateway"]
+    )
+
     poll_interval_seconds: float = Field(default=10.0, gt=0)
     episode_tick_seconds: float = Field(default=2.0, gt=0)
     orphan_retry_initial_seconds: float = Field(default=5.0, gt=0)

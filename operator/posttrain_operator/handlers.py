@@ -13,6 +13,7 @@ from typing import Any
 
 import kopf
 
+from posttrain_operator import broker
 from posttrain_operator.api.models import GROUP, VERSION
 from posttrain_operator.backends.base import BackendError
 from posttrain_operator.config import OperatorSettings
@@ -52,6 +53,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.ctx = await build_context(config)
     memo.active = ActiveJobs()
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
+    memo.broker = await broker.serve(memo.ctx)
     log.info("posttrain-operator started with backends: %s", ", ".join(memo.ctx.backends) or "none")
 
 
@@ -60,6 +62,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     memo.poller.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await memo.poller
+    await memo.broker.cleanup()
     await memo.ctx.kube.custom.api_client.close()
 
 

@@ -10,7 +10,7 @@ from devstack.hf_emulator import HfEmulator
 from posttrain_operator.reconcile.episode import token_hash
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json, wait_for
-from tests.integration.operator.conftest import (
+from tests.integration.conftest import (
     REPO,
     OperatorProcess,
     agentjob_manifest,

@@ -1,8 +1,9 @@
-"""Operator integration fixtures: CRDs on the devstack cluster, an HF Jobs emulator, and the operator
-itself as a real `kopf run` process that tests can SIGKILL and restart."""
+"""Integration fixtures shared by every component: CRDs on the devstack cluster, an HF Jobs emulator,
+and the operator as a real `kopf run` process that tests can SIGKILL and restart."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,14 +21,18 @@ import yaml
 from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
+from graders.assets import LocalRepo, materialize_assets
 from graders.registry import all_tasks
+from posttrain_launcher.host import job_interpreter
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json, wait_for
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 HF_TOKEN = "hf_operator_test_token_0123456789"
 HF_NAMESPACE = "posttrain-dev"
 BUCKET = f"{HF_NAMESPACE}/posttrain-outputs"
+# The identity the operator's broker API lets in, as the chart would set it for the gateway.
+BROKER_NAMESPACE = "posttrain-system"
 
 
 @pytest.fixture(scope="session")
@@ -37,10 +42,11 @@ def crds(kubectl: Kubectl) -> None:
         kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
 
 
-def make_emulator(**kwargs: Any) -> tuple[HfEmulator, Path]:
+def make_emulator(data_dir: Path | None = None, **kwargs: Any) -> tuple[HfEmulator, Path]:
     # Not tmp_path: pytest's base temp dir is 0700 and the launcher (uid 10000) must reach job trees.
-    data_dir = Path(tempfile.mkdtemp(prefix="hf-emulator-"))
-    data_dir.chmod(0o711)
+    if data_dir is None:
+        data_dir = Path(tempfile.mkdtemp(prefix="hf-emulator-"))
+        data_dir.chmod(0o711)
     emulator = HfEmulator(data_dir, token=HF_TOKEN, namespace=HF_NAMESPACE, **kwargs).start()
     emulator.create_bucket(BUCKET)
     return emulator, data_dir
@@ -54,6 +60,26 @@ def register_placeholder_repos(emulator: HfEmulator, root: Path) -> None:
             source = root / ref.kind / ref.repo_id
             source.mkdir(parents=True, exist_ok=True)
             emulator.repos.register(ref.kind, ref.repo_id, ref.revision, source)
+
+
+@pytest.fixture(scope="session")
+def task_assets() -> list[LocalRepo]:
+    """The tasks' real repos (tiny model, datasets, splits), built once and cached across runs."""
+    return materialize_assets()
+
+
+@pytest.fixture
+def executing_emulator(task_assets: list[LocalRepo]) -> Iterator[HfEmulator]:
+    """An emulator that really runs every job under the launcher, with the tasks' real repos."""
+    data_dir = Path(tempfile.mkdtemp(prefix="hf-emulator-"))
+    data_dir.chmod(0o711)
+    (data_dir / "interpreter").mkdir(mode=0o755)
+    emu, _ = make_emulator(data_dir=data_dir, interpreter=job_interpreter(str(data_dir / "interpreter")))
+    for repo in task_assets:
+        emu.repos.register(repo.ref.kind, repo.ref.repo_id, repo.ref.revision, repo.path)
+    yield emu
+    emu.stop()
+    remove_tree(data_dir)
 
 
 @pytest.fixture
@@ -78,6 +104,11 @@ class OperatorProcess:
         self.extra_env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.broker_port = devcluster.free_port()
+
+    @property
+    def broker_url(self) -> str:
+        return f"http://127.0.0.1:{self.broker_port}"
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("POSTTRAIN_")}
@@ -93,6 +124,9 @@ class OperatorProcess:
             POSTTRAIN_EPISODE_TICK_SECONDS="0.5",
             POSTTRAIN_ORPHAN_RETRY_INITIAL_SECONDS="1",
             POSTTRAIN_ORPHAN_RETRY_MAX_SECONDS="4",
+            POSTTRAIN_BROKER_HOST="127.0.0.1",
+            POSTTRAIN_BROKER_PORT=str(self.broker_port),
+            POSTTRAIN_BROKER_ALLOWED_USERS=json.dumps([f"system:serviceaccount:{BROKER_NAMESPACE}:gateway"]),
         )
         env.update(self.extra_env)
         return env
@@ -129,15 +163,35 @@ class OperatorProcess:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log")))
 
 
+@contextlib.contextmanager
+def running_operator(
+    cluster: devcluster.ClusterState, emulator: HfEmulator, log_dir: Path
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster, emulator, log_dir).start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        # Captured, so pytest shows it only when the test failed.
+        sys.stderr.write(op.logs()[-8000:])
+
+
 @pytest.fixture
 def operator(
     cluster: devcluster.ClusterState, crds: None, emulator: HfEmulator, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster, emulator, tmp_path).start()
-    yield op
-    op.stop()
-    # Captured, so pytest shows it only when the test failed.
-    sys.stderr.write(op.logs()[-8000:])
+    """The operator against an emulator whose jobs run no process (fast lifecycle tests)."""
+    with running_operator(cluster, emulator, tmp_path) as op:
+        yield op
+
+
+@pytest.fixture
+def executing_operator(
+    cluster: devcluster.ClusterState, crds: None, executing_emulator: HfEmulator, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator against an emulator that runs every job for real under the launcher."""
+    with running_operator(cluster, executing_emulator, tmp_path) as op:
+        yield op
 
 
 def episode_manifest(

@@ -1,0 +1,130 @@
+"""The operator's internal broker API: job logs and artifact listings, which need the backend
+credential that only the operator holds.
+
+Callers authenticate with their ServiceAccount token, which the broker checks with a TokenReview
+and an allow-list of usernames (the gateway's ServiceAccount). Every answer is bounded.
+
+    GET /healthz
+    GET /v1/namespaces/{namespace}/agentjobs/{name}/logs?tail=N   -> {"lines": [...], "truncated": bool}
+    GET /v1/namespaces/{namespace}/agentjobs/{name}/artifacts     -> {"artifacts": [{"path", "size"}]}
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from posttrain_operator.api.models import AgentJobStatus, status_of
+from posttrain_operator.backends.base import BackendError
+from posttrain_operator.reconcile.agentjob import handle_of
+from posttrain_operator.reconcile.context import Context
+
+log = logging.getLogger(__name__)
+
+MAX_TAIL = 1000
+MAX_LINE_CHARS = 4096
+MAX_LOG_CHARS = 256 * 1024
+TOKEN_CACHE_SECONDS = 60.0
+CTX_KEY = web.AppKey("ctx", Context)
+REVIEWS_KEY = web.AppKey("reviews", dict)
+
+
+async def _authenticated_user(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    if not header.startswith("Bearer ") or len(header) > 8192:
+        raise web.HTTPUnauthorized(text='{"error": "a bearer ServiceAccount token is required"}')
+    token = header.removeprefix("Bearer ").strip()
+    reviews: dict[str, tuple[float, str | None]] = request.app[REVIEWS_KEY]
+    cached = reviews.get(token)
+    if cached is None or time.monotonic() - cached[0] > TOKEN_CACHE_SECONDS:
+        ctx = request.app[CTX_KEY]
+        api = client.AuthenticationV1Api(ctx.kube.core.api_client)
+        review = await api.create_token_review(
+            client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))
+        )
+        user = review.status.user.username if review.status and review.status.authenticated else None
+        if len(reviews) > 1000:
+            reviews.clear()
+        reviews[token] = cached = (time.monotonic(), user)
+    user = cached[1]
+    if user is None:
+        raise web.HTTPUnauthorized(text='{"error": "token rejected by TokenReview"}')
+    if user not in request.app[CTX_KEY].settings.broker_allowed_users:
+        raise web.HTTPForbidden(text=f'{{"error": "{user} may not use the broker"}}')
+    return user
+
+
+async def _job(request: web.Request) -> tuple[Context, dict[str, Any], AgentJobStatus]:
+    await _authenticated_user(request)
+    ctx = request.app[CTX_KEY]
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    job = await ctx.kube.get_agentjob(namespace, name)
+    if job is None:
+        raise web.HTTPNotFound(text='{"error": "no such AgentJob"}')
+    return ctx, job, status_of(AgentJobStatus, job.get("status"))
+
+
+async def logs(request: web.Request) -> web.Response:
+    ctx, job, status = await _job(request)
+    try:
+        tail = int(request.query.get("tail", "100"))
+    except ValueError:
+        raise web.HTTPBadRequest(text='{"error": "tail must be an integer"}') from None
+    if not 1 <= tail <= MAX_TAIL:
+        raise web.HTTPBadRequest(text=f'{{"error": "tail must be between 1 and {MAX_TAIL}"}}')
+    handle = handle_of(job, status)
+    if handle is None or status.backend is None:
+        return web.json_response({"lines": [], "truncated": False})
+    try:
+        raw = await ctx.backend(status.backend).logs(handle, tail)
+    except BackendError as exc:
+        raise web.HTTPBadGateway(text=f'{{"error": "backend: {str(exc)[:200]}"}}') from exc
+    lines, total, truncated = [], 0, False
+    for line in reversed(raw[-tail:]):
+        clipped = line[:MAX_LINE_CHARS]
+        if total + len(clipped) > MAX_LOG_CHARS:
+            truncated = True
+            break
+        truncated = truncated or len(clipped) < len(line)
+        lines.append(clipped)
+        total += len(clipped)
+    return web.json_response({"lines": lines[::-1], "truncated": truncated})
+
+
+async def artifacts(request: web.Request) -> web.Response:
+    ctx, job, status = await _job(request)
+    handle = handle_of(job, status)
+    if handle is None or status.backend is None:
+        return web.json_response({"artifacts": []})
+    try:
+        found = await ctx.backend(status.backend).artifacts(handle.output_prefix)
+    except BackendError as exc:
+        raise web.HTTPBadGateway(text=f'{{"error": "backend: {str(exc)[:200]}"}}') from exc
+    return web.json_response({"artifacts": [{"path": a.path, "size": a.size} for a in found[:1000]]})
+
+
+async def healthz(_: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def make_app(ctx: Context) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024)
+    app[CTX_KEY] = ctx
+    app[REVIEWS_KEY] = {}
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/namespaces/{namespace}/agentjobs/{name}/logs", logs)
+    app.router.add_get("/v1/namespaces/{namespace}/agentjobs/{name}/artifacts", artifacts)
+    return app
+
+
+async def serve(ctx: Context) -> web.AppRunner:
+    runner = web.AppRunner(make_app(ctx), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, ctx.settings.broker_host, ctx.settings.broker_port)
+    await site.start()
+    log.info("broker API listening on %s:%d", ctx.settings.broker_host, ctx.settings.broker_port)
+    return runner

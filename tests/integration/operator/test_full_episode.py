@@ -1,0 +1,103 @@
+"""A whole t0_artifact episode through kubectl alone: jobs really run under the launcher in the
+emulator, the grader scores the submission on the hidden split, and the reward lands in status."""
+
+from __future__ import annotations
+
+import json
+
+from devstack.hf_emulator import HfEmulator
+from tests.conftest import Kubectl
+from tests.integration.conftest import (
+    OperatorProcess,
+    agentjob_manifest,
+    apply,
+    episode_manifest,
+    get,
+    wait_phase,
+)
+
+# Sums the `value` of every record per `key`, as t0_artifact asks.
+ARTIFACT_SCRIPT = """
+import json, os, collections
+sums = collections.Counter()
+with open(os.path.join(os.environ["POSTTRAIN_INPUT_RECORDS"], "data.jsonl")) as f:
+    for line in f:
+        record = json.loads(line)
+        sums[record["key"]] += record["value"]
+with open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "answer.json"), "w") as f:
+    json.dump(dict(sums), f)
+print("wrote", len(sums), "keys")
+"""
+WRONG_SCRIPT = """
+import json, os
+with open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "answer.json"), "w") as f:
+    json.dump({"k00": 0}, f)
+"""
+
+
+def _run_job(kubectl: Kubectl, namespace: str, name: str, episode: str, script: str) -> dict:
+    apply(kubectl, namespace, agentjob_manifest(name, episode, script=script, timeoutSeconds=300))
+    return wait_phase(kubectl, namespace, "agentjob", name, {"Succeeded", "Failed", "Rejected"}, timeout=120)
+
+
+def test_t0_artifact_episode_scores_one_when_right(
+    kubectl: Kubectl, namespace: str, executing_operator: OperatorProcess, executing_emulator: HfEmulator
+) -> None:
+    apply(kubectl, namespace, episode_manifest("ep1", budget="0.05"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    job = _run_job(kubectl, namespace, "answer", "ep1", ARTIFACT_SCRIPT)
+    assert job["status"]["phase"] == "Succeeded", json.dumps(job["status"])[:2000]
+    assert [a["path"] for a in job["status"]["artifacts"]] == ["answer.json"]
+
+    apply(
+        kubectl, namespace,
+        agentjob_manifest("check", "ep1", purpose="devEval", script="", checkpointFrom="answer", timeoutSeconds=300),
+    )  # fmt: skip
+    dev = wait_phase(
+        kubectl, namespace, "agentjob", "check", {"Succeeded", "Failed", "Rejected"}, timeout=120
+    )
+    assert dev["status"]["result"]["status"] == "ok" and dev["status"]["result"]["score"] == "1"
+
+    kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "episode",
+        "ep1",
+        "--type=merge",
+        "-p",
+        '{"spec":{"submission":{"checkpointFrom":"answer"}}}',
+    )
+    episode = wait_phase(kubectl, namespace, "episode", "ep1", {"Completed", "Failed"}, timeout=180)
+    status = episode["status"]
+    assert status["outcome"] == "Scored" and status["reward"] == "1", json.dumps(status)[:2000]
+    ledger = status["ledger"]
+    assert ledger["reservedMicroUSD"] == 0
+    # The agent paid for its train and devEval jobs; the hidden-split grading is platform spend.
+    billed = {r.job_id: r.cost_micro_usd for r in executing_emulator.billing()}
+    score_job = get(kubectl, namespace, "agentjob", status["scoringJob"])
+    agent_jobs = [job["status"]["backendJobId"], dev["status"]["backendJobId"]]
+    assert ledger["settledMicroUSD"] == sum(billed[j] for j in agent_jobs)
+    assert ledger["platformMicroUSD"] == billed[score_job["status"]["backendJobId"]]
+
+
+def test_t0_artifact_episode_scores_zero_when_wrong(
+    kubectl: Kubectl, namespace: str, executing_operator: OperatorProcess
+) -> None:
+    apply(kubectl, namespace, episode_manifest("ep1", budget="0.05"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    job = _run_job(kubectl, namespace, "wrong", "ep1", WRONG_SCRIPT)
+    assert job["status"]["phase"] == "Succeeded"
+    kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "episode",
+        "ep1",
+        "--type=merge",
+        "-p",
+        '{"spec":{"submission":{"checkpointFrom":"wrong"}}}',
+    )
+    episode = wait_phase(kubectl, namespace, "episode", "ep1", {"Completed", "Failed"}, timeout=180)
+    assert episode["status"]["outcome"] == "Scored"
+    assert episode["status"]["reward"] == "0"
