@@ -1,0 +1,31 @@
+"""An HF Jobs API emulator that runs each job for real on this machine (issue 4).
+
+with HfEmulator(tmp_dir) as emu:
+    api = HfApi(endpoint=emu.url, token=emu.token)
+    api.run_job(image="...", command=["python", "-c", "print(1)"], namespace=emu.namespace)
+"""
+
+from devstack.hf_emulator import routes
+from devstack.hf_emulator.emulator import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_TOKEN,
+    BillingRecord,
+    HfEmulator,
+    RecordedRequest,
+)
+from devstack.hf_emulator.faults import FAULT_KINDS, Fault
+from devstack.hf_emulator.hardware import FLAVORS
+from devstack.hf_emulator.repos import RepoStore
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_TOKEN",
+    "FAULT_KINDS",
+    "FLAVORS",
+    "BillingRecord",
+    "Fault",
+    "HfEmulator",
+    "RecordedRequest",
+    "RepoStore",
+    "routes",
+]

@@ -1,0 +1,477 @@
+"""The emulator's state and public Python API; the HTTP side is in `http_api.py`."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from devstack.hf_emulator.errors import ApiError
+from devstack.hf_emulator.faults import JOB_FAULTS, Fault, FaultBook
+from devstack.hf_emulator.hardware import FLAVORS
+from devstack.hf_emulator.http_api import EmulatorServer
+from devstack.hf_emulator.jobs import KILL_GRACE_SECONDS, Job, JobRunner, RunnerConfig, iso_z, kill_now
+from devstack.hf_emulator.repos import RepoStore
+from devstack.hf_emulator.validation import SpecError, parse_job_spec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOKEN = "hf_emulator_token"
+DEFAULT_NAMESPACE = "posttrain-dev"
+MAX_RECORDED_REQUESTS = 100_000
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str  # with the query string
+    route: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    at: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "path": self.path,
+            "route": self.route,
+            "headers": [list(h) for h in self.headers],
+            "body": self.body.decode("utf-8", "replace"),
+            "at": iso_z(self.at),
+        }
+
+
+@dataclass(frozen=True)
+class BillingRecord:
+    job_id: str
+    namespace: str
+    flavor: str
+    minutes: int
+    cost_micro_usd: int
+    started_at: float | None
+    finished_at: float | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "jobId": self.job_id,
+            "namespace": self.namespace,
+            "hardwareFlavor": self.flavor,
+            "totalMinutes": self.minutes,
+            "totalCostMicroUsd": self.cost_micro_usd,
+            "startedAt": iso_z(self.started_at) if self.started_at else None,
+            "completedAt": iso_z(self.finished_at) if self.finished_at else None,
+        }
+
+
+@dataclass
+class _Stats:
+    counts: Counter[str] = field(default_factory=Counter)
+    # Bounded so that a long benchmark cannot exhaust memory; the counters are exact regardless.
+    requests: deque[RecordedRequest] = field(default_factory=lambda: deque(maxlen=MAX_RECORDED_REQUESTS))
+    creations: dict[str, Counter[str]] = field(default_factory=dict)
+
+
+class HfEmulator:
+    """An HF Jobs API on a loopback port that runs each job as a local process.
+
+    Use as a context manager (or `start()`/`stop()`); `url` is the `HfApi(endpoint=...)` to use.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str = DEFAULT_TOKEN,
+        namespace: str = DEFAULT_NAMESPACE,
+        orgs: tuple[str, ...] = (),
+        interpreter: str = sys.executable,
+        extra_env: dict[str, str] | None = None,
+        page_size: int = 50,
+        tree_page_size: int = 1000,
+        scheduling_delay: float = 0.0,
+        execute: bool = True,
+        simulated_runtime: float = 3600.0,
+        keepalive_seconds: float = 30.0,
+        metrics_interval: float = 1.0,
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # uid 10000 (the launcher's) must traverse into job trees; the repo store stays 0700.
+        self.data_dir.chmod(0o711)
+        for sub in ("jobs", "buckets"):
+            (self.data_dir / sub).mkdir(exist_ok=True)
+            (self.data_dir / sub).chmod(0o711)
+        blocked = [p for p in self.data_dir.parents if not p.stat().st_mode & 0o001]
+        if os.geteuid() == 0 and blocked:
+            log.warning(
+                "uid 10000 cannot traverse %s: launcher jobs will fail; use another --data-dir", blocked[0]
+            )
+        self.token = token
+        self.namespace = namespace
+        self.orgs = tuple(orgs)
+        self.owner_id = secrets.token_hex(12)
+        self.page_size = page_size
+        self.tree_page_size = tree_page_size
+        self.keepalive_seconds = keepalive_seconds
+        self.metrics_interval = metrics_interval
+        self.repos = RepoStore(self.data_dir / "repos")
+        self.faults = FaultBook()
+        self.runner_config = RunnerConfig(
+            data_dir=self.data_dir,
+            interpreter=interpreter,
+            extra_env=dict(extra_env or {}),
+            scheduling_delay=scheduling_delay,
+            execute=execute,
+            simulated_runtime=simulated_runtime,
+        )
+        self.cond = threading.Condition()
+        self.stopping = False
+        self._jobs: dict[str, Job] = {}
+        self._seq = itertools.count(1)
+        self._stats_lock = threading.Lock()
+        self._stats = _Stats()
+        self._httpd = EmulatorServer((host, port), self)
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> HfEmulator:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="hf-emulator", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and kill every running job."""
+        with self.cond:
+            self.stopping = True
+            jobs = list(self._jobs.values())
+            for job in jobs:
+                if not job.terminal:
+                    job.stage, job.message, job.finished_at = "ERROR", "emulator stopped", time.time()
+            self.cond.notify_all()
+        for job in jobs:
+            kill_now(job)
+        deadline = time.monotonic() + KILL_GRACE_SECONDS
+        for job in jobs:
+            if job.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    job.proc.wait(max(0.0, deadline - time.monotonic()))
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(job.proc.pid, signal.SIGKILL)
+        self.faults.release_hangs()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def __enter__(self) -> HfEmulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- faults -------------------------------------------------------------------------------
+
+    def inject(self, kind: str, **kwargs: Any) -> Fault:
+        """Add a fault, e.g. `inject("http_error", route=routes.CREATE_JOB, status=500, count=1)`."""
+        return self.add_fault(Fault(kind=kind, **kwargs))
+
+    def add_fault(self, fault: Fault) -> Fault:
+        if fault.kind in JOB_FAULTS and fault.kind != "cancel_ignored":
+            # Apply to matching existing jobs first; what is left of `count` waits for new jobs.
+            with self.cond:
+                for job in sorted(self._jobs.values(), key=lambda j: j.seq):
+                    if fault.count == 0:
+                        break
+                    if job.terminal or job.vanished(time.time()):
+                        continue
+                    if fault.matches_job(job.id, job.spec.labels):
+                        self._apply_job_fault(job, fault)
+                        fault.hits += 1
+                        if fault.count is not None:
+                            fault.count -= 1
+                self.cond.notify_all()
+            if fault.count == 0:
+                return fault
+        return self.faults.add(fault)
+
+    def _apply_job_fault(self, job: Job, fault: Fault) -> None:
+        if fault.kind == "job_error":
+            # fail_after counts from the job's start: a job not started yet fails `seconds` into its run.
+            elapsed = time.time() - job.started_at if job.started_at is not None else 0.0
+            job.fail_after, job.fail_message = elapsed + fault.seconds, fault.message
+        elif fault.kind == "job_vanish":
+            job.vanish_at = time.time() + fault.seconds
+        job.wake.set()
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+
+    def release_hangs(self) -> None:
+        self.faults.release_hangs()
+
+    # -- observation --------------------------------------------------------------------------
+
+    def request_counts(self) -> dict[str, int]:
+        """Requests per route key (`routes.*`, e.g. "GET /api/jobs/{namespace}"), admin calls excluded."""
+        with self._stats_lock:
+            return dict(self._stats.counts)
+
+    def request_count(self, route: str) -> int:
+        with self._stats_lock:
+            return self._stats.counts[route]
+
+    def requests(self) -> list[RecordedRequest]:
+        """Every API request received (headers and body included), oldest first."""
+        with self._stats_lock:
+            return list(self._stats.requests)
+
+    def creations_by_label(self, key: str) -> dict[str, int]:
+        """How many jobs were created per value of label `key` (e.g. the idempotency key)."""
+        with self._stats_lock:
+            return dict(self._stats.creations.get(key, {}))
+
+    def all_creations(self) -> dict[str, dict[str, int]]:
+        with self._stats_lock:
+            return {k: dict(v) for k, v in self._stats.creations.items()}
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job as the API would return it, vanished ones included, oldest first."""
+        now = time.time()
+        with self.cond:
+            return [j.to_wire(now) for j in sorted(self._jobs.values(), key=lambda j: j.seq)]
+
+    def reset_stats(self) -> None:
+        with self._stats_lock:
+            self._stats = _Stats()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The job as the API would return it, vanished or not (KeyError if unknown)."""
+        with self.cond:
+            return self._jobs[job_id].to_wire(time.time())
+
+    def job_root(self, job_id: str) -> Path:
+        """The job's POSTTRAIN_ROOT: its volumes laid out at their mount paths."""
+        return self.data_dir / "jobs" / job_id / "root"
+
+    def job_ids(self) -> list[str]:
+        with self.cond:
+            return [j.id for j in sorted(self._jobs.values(), key=lambda j: j.seq)]
+
+    def wait_for_stage(self, job_id: str, stages: tuple[str, ...], timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            job = self._jobs[job_id]
+            while job.stage not in stages:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"job {job_id} is {job.stage}, not in {stages}")
+                self.cond.wait(remaining)
+            return job.stage
+
+    def billing(self) -> list[BillingRecord]:
+        now = time.time()
+        with self.cond:
+            jobs = sorted(self._jobs.values(), key=lambda j: j.seq)
+            return [
+                BillingRecord(
+                    job.id,
+                    job.namespace,
+                    job.spec.flavor,
+                    job.billed_minutes(now),
+                    job.cost_micro_usd(now),
+                    job.started_at,
+                    job.finished_at,
+                )
+                for job in jobs
+            ]
+
+    def total_cost_micro_usd(self) -> int:
+        return sum(r.cost_micro_usd for r in self.billing())
+
+    # -- buckets ------------------------------------------------------------------------------
+
+    def bucket_path(self, bucket_id: str) -> Path:
+        ns, _, name = bucket_id.partition("/")
+        if not ns or not name or "/" in name or ".." in (ns, name):
+            raise ValueError(f"bucket id must be 'namespace/name', not {bucket_id!r}")
+        return self.data_dir / "buckets" / ns / name
+
+    def create_bucket(self, bucket_id: str) -> Path:
+        path = self.bucket_path(bucket_id)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- endpoint implementations, called by http_api ------------------------------------------
+
+    def record_request(
+        self, method: str, path: str, route: str, headers: list[tuple[str, str]], body: bytes
+    ) -> None:
+        with self._stats_lock:
+            self._stats.counts[route] += 1
+            self._stats.requests.append(RecordedRequest(method, path, route, headers, body, time.time()))
+
+    def visible_job(self, namespace: str, job_id: str) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None or job.namespace != namespace or job.vanished(time.time()):
+            raise ApiError(404, "Job not found")
+        return job
+
+    def check_namespace(self, namespace: str) -> None:
+        if namespace != self.namespace and namespace not in self.orgs:
+            raise ApiError(403, f"You don't have access to namespace {namespace}")
+
+    def create_job(self, namespace: str, body: object) -> dict[str, Any]:
+        self.check_namespace(namespace)
+        try:
+            spec = parse_job_spec(body)
+        except SpecError as exc:
+            raise ApiError(400, str(exc)) from exc
+        now = time.time()
+        job = Job(
+            id=secrets.token_hex(12),
+            namespace=namespace,
+            owner_id=self.owner_id,
+            spec=spec,
+            seq=next(self._seq),
+            created_at=now,
+        )
+        for kind in ("job_error", "job_vanish"):
+            fault = self.faults.take_job_fault(kind, job.id, spec.labels)
+            if fault is not None:
+                self._apply_job_fault(job, fault)
+        runner = JobRunner(job, self.runner_config, self.repos, self.cond)
+        with self.cond:
+            if self.stopping:
+                raise ApiError(503, "emulator is stopping")
+            self._jobs[job.id] = job
+            wire = job.to_wire(now)
+        with self._stats_lock:
+            for k, v in spec.labels.items():
+                self._stats.creations.setdefault(k, Counter())[v] += 1
+        runner.start()
+        return wire
+
+    def cancel_job(self, namespace: str, job_id: str) -> dict[str, Any]:
+        with self.cond:
+            job = self.visible_job(namespace, job_id)
+            if job.terminal:
+                return job.to_wire(time.time())
+        if self.faults.take_job_fault("cancel_ignored", job.id, job.spec.labels) is not None:
+            with self.cond:
+                return job.to_wire(time.time())  # accepted, not honoured
+        with self.cond:
+            if not job.terminal:
+                job.stage, job.message, job.finished_at = "CANCELED", None, time.time()
+                self.cond.notify_all()
+            wire = job.to_wire(time.time())
+        kill_now(job)
+        return wire
+
+    def list_jobs(
+        self, namespace: str, query: dict[str, list[str]], cursor: int | None
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        self.check_namespace(namespace)
+        stages = {s.upper() for s in query.get("stage", [])}
+        labels: list[tuple[str, str | None]] = []
+        for item in query.get("label", []):
+            key, sep, value = item.partition("=")
+            labels.append((key, value if sep else None))
+        now = time.time()
+        with self.cond:
+            jobs = [
+                j
+                for j in sorted(self._jobs.values(), key=lambda j: -j.seq)
+                if j.namespace == namespace
+                and not j.vanished(now)
+                and (not stages or j.stage in stages)
+                and all(k in j.spec.labels and (v is None or j.spec.labels[k] == v) for k, v in labels)
+                and (cursor is None or j.seq < cursor)
+            ]
+            page = jobs[: self.page_size]
+            more = len(jobs) > self.page_size
+            return [j.to_wire(now) for j in page], (page[-1].seq if more else None)
+
+    def count_jobs(self, namespace: str, query: dict[str, list[str]]) -> int:
+        self.check_namespace(namespace)
+        stages = {s.upper() for s in query.get("stage", [])}
+        now = time.time()
+        with self.cond:
+            return sum(
+                1
+                for j in self._jobs.values()
+                if j.namespace == namespace and not j.vanished(now) and (not stages or j.stage in stages)
+            )
+
+    def billing_usage(self) -> dict[str, Any]:
+        records = [r for r in self.billing() if r.started_at is not None]
+        today = datetime.now(UTC)
+        start = today.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        end = (
+            start.replace(year=start.year + 1, month=1)
+            if start.month == 12
+            else start.replace(month=start.month + 1)
+        )
+        return {
+            "usage": {
+                "usedMicroUsd": sum(r.cost_micro_usd for r in records),
+                "totalMinutes": sum(r.minutes for r in records),
+                "periodStart": iso_z(start.timestamp()),
+                "periodEnd": iso_z(end.timestamp()),
+                "jobDetails": [
+                    {k: v for k, v in r.to_wire().items() if k != "namespace" and v is not None}
+                    for r in records
+                ],
+            },
+            "hasAccess": True,
+        }
+
+    def metrics_sample(
+        self, job: Job, prev: tuple[float, float] | None
+    ) -> tuple[dict[str, Any], tuple[float, float]]:
+        cpu_secs, rss = 0.0, 0
+        if job.proc is not None:
+            try:
+                fields = Path(f"/proc/{job.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks = os.sysconf("SC_CLK_TCK")
+                cpu_secs = (int(fields[11]) + int(fields[12])) / ticks
+                rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, IndexError, ValueError):
+                pass
+        now = time.monotonic()
+        pct = 0.0
+        if prev is not None and now > prev[0]:
+            pct = 100.0 * (cpu_secs - prev[1]) / (now - prev[0])
+        flavor = FLAVORS[job.spec.flavor]
+        sample = {
+            "cpu_usage_pct": round(pct, 1),
+            "cpu_millicores": flavor.cpu_cores * 1000,
+            "memory_used_bytes": rss,
+            "memory_total_bytes": int(flavor.ram.split()[0]) * 1024**3,
+            "rx_bps": 0,
+            "tx_bps": 0,
+            "gpus": {},
+            "replica": job.id[-5:],
+        }
+        return sample, (now, cpu_secs)

@@ -1,0 +1,406 @@
+"""The HTTP side: routing, auth, request faults, the Jobs/bucket endpoints and the admin endpoints.
+
+The server is the standard library's ThreadingHTTPServer, as verified against the real client in
+`hf-jobs-api.md` §4.6, because it gives exact control of the wire: responses are written with
+`send_response_only`, so each carries exactly one `Date` header (a second one crashes the client's
+log reader), and SSE bodies are chunk-encoded by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import socket
+import time
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from devstack.hf_emulator import buckets, routes
+from devstack.hf_emulator.errors import ApiError
+from devstack.hf_emulator.faults import Fault
+from devstack.hf_emulator.hardware import hardware_list
+
+if TYPE_CHECKING:
+    from devstack.hf_emulator.emulator import HfEmulator
+
+log = logging.getLogger(__name__)
+
+
+class EmulatorServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], emulator: HfEmulator) -> None:
+        self.emulator = emulator
+        super().__init__(address, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: EmulatorServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the request log is kept in memory (`HfEmulator.requests()`)."""
+
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def do_PUT(self) -> None:
+        self._dispatch()
+
+    def do_DELETE(self) -> None:
+        self._dispatch()
+
+    def do_HEAD(self) -> None:
+        self._dispatch()
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _start(self, status: int, content_type: str, headers: dict[str, str] | None = None) -> None:
+        # send_response_only: BaseHTTPRequestHandler.send_response would add a second Date header.
+        self.send_response_only(status)
+        self.send_header("Date", formatdate(usegmt=True))
+        self.send_header("Content-Type", content_type)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._start(status, content_type, headers)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, data: object, headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(data).encode(), headers=headers)
+
+    def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        self._json(status, {"error": message}, headers)
+
+    def _start_sse(self) -> None:
+        self._start(200, "text/event-stream", {"Cache-Control": "no-cache", "Connection": "close"})
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    # -- dispatch -----------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        emu = self.server.emulator
+        split = urlsplit(self.path)
+        query = parse_qs(split.query, keep_blank_values=True)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        try:
+            if split.path.startswith("/_emulator/"):
+                _admin(self, emu, split.path, query, body)
+                return
+            matched = routes.match(self.command, split.path)
+            route = matched.key if matched else routes.unmatched(self.command)
+            emu.record_request(self.command, self.path, route, list(self.headers.items()), body)
+            fault = emu.faults.take_request_fault(route)
+            if fault is not None and fault.kind == "lose_response":
+                # Process the request into a buffer nobody reads, then hang up without answering.
+                real = self.wfile
+                self.wfile = io.BytesIO()
+                try:
+                    self._serve(emu, matched, query, body)
+                finally:
+                    self.wfile = real
+                self._hang_up()
+                return
+            if fault is not None and not self._apply_request_fault(emu, fault):
+                return
+            self._serve(emu, matched, query, body)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+        except Exception as exc:
+            # An emulator bug must show up as a 500 the test can see, not as a dropped connection.
+            log.exception("emulator error on %s %s", self.command, self.path)
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self._error(500, f"internal emulator error: {type(exc).__name__}: {exc}")
+
+    def _serve(
+        self, emu: HfEmulator, matched: routes.Match | None, query: dict[str, list[str]], body: bytes
+    ) -> None:
+        try:
+            if matched is None or matched.key == routes.AGENT_HARNESSES:
+                self._error(404, "Not Found")
+                return
+            if self.headers.get("Authorization") != f"Bearer {emu.token}":
+                message = "Invalid credentials in Authorization header"
+                self._error(401, message, {"X-Error-Message": message})
+                return
+            _api(self, emu, matched, query, body)
+        except ApiError as reply:
+            self._error(reply.status, reply.message, reply.headers)
+
+    def _hang_up(self) -> None:
+        """Close without a byte of response: the client sees a protocol/connection error."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _apply_request_fault(self, emu: HfEmulator, fault: Fault) -> bool:
+        """Apply a request fault; False if the request has been dealt with."""
+        if fault.kind == "delay":
+            time.sleep(fault.seconds)
+            return True
+        if fault.kind == "hang":
+            emu.faults.wait_hang(fault.seconds or 300.0)
+            return True
+        if fault.kind == "drop":
+            self._hang_up()
+            return False
+        if fault.kind == "rate_limit":
+            reset = max(0, int(fault.seconds))
+            self._error(
+                429,
+                "You have exceeded our rate limit",
+                {
+                    "RateLimit": f'"api";r=0;t={reset}',
+                    "RateLimit-Policy": '"fixed window";"api";q=500;w=300',
+                },
+            )
+            return False
+        self._error(fault.status, fault.message)
+        return False
+
+
+def _int_param(query: dict[str, list[str]], name: str) -> int | None:
+    if not query.get(name):
+        return None
+    try:
+        return int(query[name][0])
+    except ValueError as exc:
+        raise ApiError(400, f"{name} must be an integer") from exc
+
+
+def _link(handler: _Handler, query: dict[str, list[str]], cursor: str) -> str:
+    params = [(k, v) for k, vs in query.items() if k != "cursor" for v in vs] + [("cursor", cursor)]
+    host = handler.headers.get("Host") or "{}:{}".format(*handler.server.server_address[:2])
+    path = urlsplit(handler.path).path
+    return f'<http://{host}{path}?{urlencode(params)}>; rel="next"'
+
+
+def _api(h: _Handler, emu: HfEmulator, m: routes.Match, query: dict[str, list[str]], body: bytes) -> None:
+    p = m.params
+    if m.key == routes.WHOAMI:
+        orgs = [{"name": o, "type": "org"} for o in emu.orgs]
+        h._json(
+            200,
+            {"name": emu.namespace, "type": "user", "id": emu.owner_id, "fullname": "Emulator", "orgs": orgs},
+        )
+    elif m.key == routes.HARDWARE:
+        h._json(200, hardware_list())
+    elif m.key == routes.BILLING_USAGE:
+        h._json(200, emu.billing_usage())
+    elif m.key == routes.CREATE_JOB:
+        try:
+            payload = json.loads(body or b"null")
+        except ValueError as exc:
+            raise ApiError(400, "the body is not valid JSON") from exc
+        h._json(200, emu.create_job(p["namespace"], payload))
+    elif m.key == routes.LIST_JOBS:
+        page, next_cursor = emu.list_jobs(p["namespace"], query, _int_param(query, "cursor"))
+        headers = {"Link": _link(h, query, str(next_cursor))} if next_cursor is not None else None
+        h._json(200, page, headers)
+    elif m.key == routes.COUNT_JOBS:
+        h._json(200, {"count": emu.count_jobs(p["namespace"], query)})
+    elif m.key == routes.INSPECT_JOB:
+        with emu.cond:
+            wire = emu.visible_job(p["namespace"], p["job_id"]).to_wire(time.time())
+        h._json(200, wire)
+    elif m.key == routes.CANCEL_JOB:
+        h._json(200, emu.cancel_job(p["namespace"], p["job_id"]))
+    elif m.key == routes.JOB_LOGS:
+        _stream_logs(h, emu, p["namespace"], p["job_id"], query)
+    elif m.key == routes.JOB_METRICS:
+        _stream_metrics(h, emu, p["namespace"], p["job_id"])
+    else:
+        _serve_bucket(h, emu, m, query)
+
+
+def _serve_bucket(h: _Handler, emu: HfEmulator, m: routes.Match, query: dict[str, list[str]]) -> None:
+    p = m.params
+    bucket_id = f"{p['namespace']}/{p['bucket']}"
+    try:
+        root = emu.bucket_path(bucket_id)
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from exc
+    try:
+        if m.key == routes.BUCKET_INFO:
+            h._json(200, buckets.info(root, bucket_id))
+        elif m.key in (routes.BUCKET_TREE, routes.BUCKET_TREE_ROOT):
+            recursive = query.get("recursive", ["false"])[0].lower() == "true"
+            items = buckets.tree(root, bucket_id, p.get("path", ""), recursive)
+            offset = _int_param(query, "cursor") or 0
+            page = items[offset : offset + emu.tree_page_size]
+            more = offset + emu.tree_page_size < len(items)
+            headers = {"Link": _link(h, query, str(offset + emu.tree_page_size))} if more else None
+            h._json(200, page, headers)
+        else:
+            _send_file(h, buckets.resolve(root, bucket_id, p["path"]))
+    except buckets.BucketError as exc:
+        raise ApiError(exc.status, exc.message, {"X-Error-Code": exc.error_code}) from exc
+
+
+def _send_file(h: _Handler, path: Path) -> None:
+    size = path.stat().st_size
+    byte_range = buckets.parse_range(h.headers.get("Range"), size)
+    start, end, status = 0, size, 200
+    headers = {"Accept-Ranges": "bytes"}
+    if byte_range is not None:
+        start, end = byte_range
+        if start >= size and size > 0:
+            raise ApiError(416, "Range Not Satisfiable", {"Content-Range": f"bytes */{size}"})
+        status = 206
+        headers["Content-Range"] = f"bytes {start}-{max(start, end - 1)}/{size}"
+    h._start(status, "application/octet-stream", headers)
+    h.send_header("Content-Length", str(end - start))
+    h.end_headers()
+    if h.command == "HEAD":
+        return
+    with path.open("rb") as f:
+        f.seek(start)
+        remaining = end - start
+        while remaining > 0:
+            chunk = f.read(min(1 << 20, remaining))
+            if not chunk:
+                break
+            h.wfile.write(chunk)
+            remaining -= len(chunk)
+
+
+def _stream_logs(
+    h: _Handler, emu: HfEmulator, namespace: str, job_id: str, query: dict[str, list[str]]
+) -> None:
+    with emu.cond:
+        job = emu.visible_job(namespace, job_id)
+        idx = 0
+        if query.get("tail"):
+            try:
+                tail = int(query["tail"][0])
+            except ValueError as exc:
+                raise ApiError(400, "tail must be an integer") from exc
+            idx = max(0, len(job.logs) - max(0, tail))
+    h._start_sse()
+    # Every connection replays the log from its start: the client deduplicates by event index.
+    while True:
+        keepalive_at = time.monotonic() + emu.keepalive_seconds
+        with emu.cond:
+            while not (emu.stopping or len(job.logs) > idx or job.terminal or job.vanished(time.time())):
+                remaining = keepalive_at - time.monotonic()
+                if remaining <= 0:
+                    break
+                emu.cond.wait(remaining)
+            batch = job.logs[idx:]
+            idx += len(batch)
+            finished = emu.stopping or job.terminal or job.vanished(time.time())
+        if batch:
+            h._chunk(b"".join(b"data: %s\n\n" % json.dumps(line.to_event()).encode() for line in batch))
+        elif not finished:
+            h._chunk(b": keep-alive\n\n")
+        if finished:
+            break
+    h._end_chunks()
+
+
+def _stream_metrics(h: _Handler, emu: HfEmulator, namespace: str, job_id: str) -> None:
+    with emu.cond:
+        job = emu.visible_job(namespace, job_id)
+        if job.terminal:
+            raise ApiError(406, "Job is not running")
+    h._start_sse()
+    prev: tuple[float, float] | None = None
+    while True:
+        with emu.cond:
+            finished = emu.stopping or job.terminal or job.vanished(time.time())
+            running = job.stage == "RUNNING"
+        if finished:
+            break
+        if running:
+            sample, prev = emu.metrics_sample(job, prev)
+            h._chunk(b"event: metric\ndata: %s\n\n" % json.dumps(sample).encode())
+        with emu.cond:
+            emu.cond.wait(emu.metrics_interval)
+    h._end_chunks()
+
+
+def _admin(h: _Handler, emu: HfEmulator, path: str, query: dict[str, list[str]], body: bytes) -> None:
+    """Test/benchmark endpoints: not part of the HF API, not counted, not recorded, no auth."""
+    method = h.command
+    try:
+        data = json.loads(body) if body else {}
+    except ValueError:
+        h._error(400, "the body is not valid JSON")
+        return
+    try:
+        if (method, path) == ("GET", "/_emulator/health"):
+            h._json(200, {"ok": True, "namespace": emu.namespace})
+        elif (method, path) == ("GET", "/_emulator/stats"):
+            creations = emu.all_creations()
+            counts = emu.request_counts()
+            h._json(
+                200,
+                {"requests": counts, "total": sum(counts.values()), "jobCreationsByLabel": creations},
+            )
+        elif (method, path) == ("POST", "/_emulator/stats/reset"):
+            emu.reset_stats()
+            h._json(200, {})
+        elif (method, path) == ("GET", "/_emulator/requests"):
+            h._json(200, [r.to_wire() for r in emu.requests()])
+        elif (method, path) == ("GET", "/_emulator/faults"):
+            h._json(200, [f.to_wire() for f in emu.faults.active()])
+        elif (method, path) == ("POST", "/_emulator/faults"):
+            h._json(200, emu.add_fault(Fault.from_wire(data)).to_wire())
+        elif (method, path) == ("DELETE", "/_emulator/faults"):
+            emu.clear_faults()
+            h._json(200, {})
+        elif (method, path) == ("POST", "/_emulator/faults/release"):
+            emu.release_hangs()
+            h._json(200, {})
+        elif (method, path) == ("GET", "/_emulator/billing"):
+            records = emu.billing()
+            h._json(
+                200,
+                {
+                    "jobs": [r.to_wire() for r in records],
+                    "totalMinutes": sum(r.minutes for r in records),
+                    "totalMicroUsd": sum(r.cost_micro_usd for r in records),
+                },
+            )
+        elif (method, path) == ("GET", "/_emulator/jobs"):
+            h._json(200, emu.jobs())
+        elif (method, path) == ("POST", "/_emulator/repos"):
+            target = emu.repos.register(data["kind"], data["repoId"], data.get("revision"), data["sourceDir"])
+            h._json(200, {"path": str(target)})
+        elif (method, path) == ("POST", "/_emulator/buckets"):
+            h._json(200, {"path": str(emu.create_bucket(data["id"]))})
+        else:
+            h._error(404, f"no admin endpoint {method} {path}")
+    except (KeyError, TypeError, ValueError, OSError) as exc:
+        h._error(400, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,369 @@
+"""Jobs: their state, and running each one for real as a local process.
+
+A job's command must start with "python" (the launcher image's entrypoint is
+`python -m posttrain_launcher`); "python" is replaced by the configured interpreter. The job runs in
+`<data>/jobs/<id>/work` with a clean environment (nothing of the emulator's own environment leaks in,
+so a test can prove that the only secrets a job sees are those its spec carries) and with
+`POSTTRAIN_ROOT=<data>/jobs/<id>/root`, under which every volume's mountPath is laid out:
+- model/dataset/space volumes: read-only links to the repo store (`repos.py`);
+- read-only bucket volumes: a read-only copy of the bucket folder;
+- writable bucket volumes: an empty directory owned by the job user, published into the bucket when
+  the job ends and before its stage turns terminal, so a client that sees COMPLETED can read them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from devstack.hf_emulator.hardware import FLAVORS
+from devstack.hf_emulator.repos import RepoNotFound, RepoStore, make_read_only
+from devstack.hf_emulator.validation import JobSpec, VolumeSpec
+
+JOB_UID = 10000  # the launcher drops to this uid; its writable dirs must belong to it
+TERMINAL_STAGES = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
+MAX_LOG_LINES = 200_000
+KILL_GRACE_SECONDS = 3.0
+
+
+def iso_z(ts: float) -> str:
+    """The only timestamp format the client parses: `YYYY-MM-DDTHH:MM:SS.ffffffZ`."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class LogLine:
+    ts: float
+    text: str
+
+    def to_event(self) -> dict[str, str]:
+        return {"data": self.text, "timestamp": iso_z(self.ts)}
+
+
+@dataclass
+class Job:
+    id: str
+    namespace: str
+    owner_id: str
+    spec: JobSpec
+    seq: int
+    created_at: float
+    stage: str = "SCHEDULING"
+    message: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    logs: list[LogLine] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    fail_after: float | None = None  # job_error fault: seconds after start
+    fail_message: str = ""
+    vanish_at: float | None = None  # job_vanish fault: absolute time
+    exit_code: int | None = None
+    wake: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def terminal(self) -> bool:
+        return self.stage in TERMINAL_STAGES
+
+    def vanished(self, now: float) -> bool:
+        return self.vanish_at is not None and now >= self.vanish_at
+
+    def billed_minutes(self, now: float) -> int:
+        """Billing is per started minute of running time; a job that never started costs nothing."""
+        if self.started_at is None:
+            return 0
+        running = (self.finished_at or now) - self.started_at
+        return max(1, math.ceil(running / 60))
+
+    def cost_micro_usd(self, now: float) -> int:
+        return self.billed_minutes(now) * FLAVORS[self.spec.flavor].unit_cost_micro_usd
+
+    def durations(self, now: float) -> dict[str, int]:
+        end = self.finished_at or now
+        scheduled = (self.started_at or end) - self.created_at
+        running = end - self.started_at if self.started_at is not None else 0.0
+        return {
+            "schedulingSecs": int(scheduled),
+            "runningSecs": int(running),
+            "totalSecs": int(end - self.created_at),
+        }
+
+    def to_wire(self, now: float) -> dict[str, Any]:
+        spec = self.spec
+        owner = {"id": self.owner_id, "name": self.namespace, "type": "user"}
+        data: dict[str, Any] = {
+            "id": self.id,
+            "createdAt": iso_z(self.created_at),
+            "startedAt": iso_z(self.started_at) if self.started_at else None,
+            "finishedAt": iso_z(self.finished_at) if self.finished_at else None,
+            "command": spec.command,
+            "arguments": spec.arguments,
+            "environment": spec.environment,
+            # The real API never returns secret values, only their names.
+            "secrets": sorted(spec.secrets),
+            "flavor": spec.flavor,
+            "labels": spec.labels,
+            "timeout": spec.timeout_seconds,
+            "status": {"stage": self.stage, "message": self.message},
+            "durations": self.durations(now),
+            "owner": owner,
+            "initiator": {"type": "user", "id": self.owner_id, "name": self.namespace},
+            "type": "job",
+        }
+        if spec.docker_image is not None:
+            data["dockerImage"] = spec.docker_image
+        if spec.space_id is not None:
+            data["spaceId"] = spec.space_id
+        if spec.volumes:
+            data["volumes"] = [v.to_wire() for v in spec.volumes]
+        if spec.attempts is not None:
+            data["retry"] = spec.attempts - 1
+        data.update(spec.extra)
+        return data
+
+
+@dataclass
+class RunnerConfig:
+    data_dir: Path
+    interpreter: str
+    extra_env: dict[str, str]
+    scheduling_delay: float
+    execute: bool  # False: no process; the job "runs" for simulated_runtime seconds (benchmarks)
+    simulated_runtime: float
+
+
+class JobRunner:
+    """Runs one job in its own thread; every state change happens under `cond` and notifies it."""
+
+    def __init__(
+        self,
+        job: Job,
+        config: RunnerConfig,
+        repos: RepoStore,
+        cond: threading.Condition,
+    ) -> None:
+        self.job = job
+        self.config = config
+        self.repos = repos
+        self.cond = cond
+        self.job_dir = config.data_dir / "jobs" / job.id
+        self.root = self.job_dir / "root"
+        self.work = self.job_dir / "work"
+        self._reader: threading.Thread | None = None
+        self._outputs: list[tuple[Path, Path]] = []  # (dir in the job tree, bucket dir)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name=f"job-{self.job.id}", daemon=True).start()
+
+    # -- state helpers (callers hold no lock) -------------------------------------------------
+
+    def _log(self, text: str) -> None:
+        with self.cond:
+            if len(self.job.logs) < MAX_LOG_LINES:
+                self.job.logs.append(LogLine(time.time(), text))
+            elif len(self.job.logs) == MAX_LOG_LINES:
+                self.job.logs.append(LogLine(time.time(), "[emulator] log truncated"))
+            self.cond.notify_all()
+
+    def _finish(self, stage: str, message: str | None) -> None:
+        with self.cond:
+            job = self.job
+            if not job.terminal:  # a cancel may already have set CANCELED
+                job.stage, job.message = stage, message
+                job.finished_at = time.time()
+            self.cond.notify_all()
+
+    # -- the job ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        job = self.job
+        if self.config.scheduling_delay > 0:
+            job.wake.wait(self.config.scheduling_delay)
+        with self.cond:
+            if job.terminal:  # canceled while scheduling
+                return
+        try:
+            argv = self._prepare()
+        except (RepoNotFound, OSError, ValueError) as exc:
+            self._finish("ERROR", f"failed to start: {exc}")
+            return
+        with self.cond:
+            if job.terminal:
+                return
+            job.stage, job.started_at = "RUNNING", time.time()
+            job.logs.append(LogLine(job.started_at, f"===== Job started at {iso_z(job.started_at)} ====="))
+            self.cond.notify_all()
+        if argv is not None:
+            # Outside the lock; a cancel meanwhile is seen by _supervise, which then kills the process.
+            try:
+                job.proc = self._spawn(argv)
+            except OSError as exc:
+                self._finish("ERROR", f"failed to start: {exc}")
+                return
+        stage, message = self._supervise()
+        self._publish_outputs()
+        self._finish(stage, message)
+
+    def _prepare(self) -> list[str] | None:
+        spec = self.job.spec
+        if self.config.execute and spec.command[0] != "python":
+            raise ValueError(f"the emulator runs only python commands, not {spec.command[0]!r}")
+        self.root.mkdir(parents=True)
+        self.work.mkdir(parents=True)
+        for volume in spec.volumes:
+            self._mount(volume)
+        if os.geteuid() == 0:
+            os.chown(self.work, JOB_UID, JOB_UID)
+        if not self.config.execute:
+            return None
+        return [self.config.interpreter, *spec.command[1:], *spec.arguments]
+
+    def _mount(self, volume: VolumeSpec) -> None:
+        dest = self.root / volume.mount_path.lstrip("/")
+        if volume.type != "bucket":
+            self.repos.materialize(volume.type, volume.source, volume.revision, volume.path, dest)
+            return
+        bucket = self.config.data_dir / "buckets" / volume.source
+        source = bucket / volume.path if volume.path else bucket
+        if volume.read_only:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():
+                shutil.copytree(source, dest, symlinks=True)
+            else:
+                dest.mkdir()
+            make_read_only(dest)
+            return
+        dest.mkdir(parents=True)
+        if os.geteuid() == 0:
+            os.chown(dest, JOB_UID, JOB_UID)
+        self._outputs.append((dest, source))
+
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        job, spec = self.job, self.job.spec
+        flavor = FLAVORS[spec.flavor]
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "LANG": "C.UTF-8",
+            "HOME": str(self.work),
+            "PYTHONUNBUFFERED": "1",
+            **self.config.extra_env,
+            **spec.environment,
+            **spec.secrets,
+            "JOB_ID": job.id,
+            "ACCELERATOR": spec.flavor if flavor.gpu_model else "none",
+            "CPU_CORES": str(flavor.cpu_cores),
+            "MEMORY": flavor.ram.replace(" GB", "Gi"),
+            "POSTTRAIN_ROOT": str(self.root),
+        }
+        proc = subprocess.Popen(
+            argv,
+            cwd=self.work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so cancel/timeout kill every descendant
+        )
+        assert proc.stdout is not None
+        self._reader = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._reader.start()
+        # A separate waiter: the exit must be noticed even if a descendant keeps the pipe open.
+        threading.Thread(target=self._wait, args=(proc,), daemon=True).start()
+        return proc
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            self._log(raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+    def _wait(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()
+        self.job.wake.set()
+
+    def _supervise(self) -> tuple[str, str | None]:
+        job = self.job
+        assert job.started_at is not None
+        deadline = job.started_at + job.spec.timeout_seconds
+        if not self.config.execute:
+            deadline = min(deadline, job.started_at + self.config.simulated_runtime)
+        fail_at = job.started_at + job.fail_after if job.fail_after is not None else math.inf
+        while True:
+            job.wake.clear()
+            now = time.time()
+            with self.cond:
+                if job.stage == "CANCELED":
+                    self._kill()
+                    return "CANCELED", None
+            if job.vanished(now):
+                self._kill()
+                return "ERROR", "vanished (injected fault)"
+            if job.fail_after is not None and now >= fail_at:
+                self._kill()
+                return "ERROR", job.fail_message
+            if job.proc is not None and job.proc.poll() is not None:
+                self._drain()
+                code = job.proc.returncode
+                job.exit_code = code
+                return ("COMPLETED", None) if code == 0 else ("ERROR", f"Job failed with exit code: {code}")
+            if now >= deadline:
+                if job.proc is None:
+                    return "COMPLETED", None
+                self._kill()
+                return "ERROR", f"timeout: the job exceeded its timeout of {job.spec.timeout_seconds}s"
+            # Job faults may be added later, so re-read them on each wake-up.
+            fail_at = job.started_at + job.fail_after if job.fail_after is not None else math.inf
+            vanish = job.vanish_at if job.vanish_at is not None else math.inf
+            job.wake.wait(max(0.0, min(deadline, fail_at, vanish) - now))
+
+    def _kill(self) -> None:
+        """SIGTERM, then SIGKILL after a grace period, as a container runtime stops a job.
+
+        SIGTERM first because the launcher keeps the job in a process group of its own: it forwards
+        the signal there and kills the job's leftovers itself, which a SIGKILL would prevent.
+        """
+        proc = self.job.proc
+        if proc is None:
+            return
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(KILL_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+        _signal_group(proc, signal.SIGKILL)  # whatever is left in the group
+        self.job.exit_code = proc.returncode
+        self._drain()
+
+    def _drain(self) -> None:
+        # A descendant that left the process group can hold the pipe open: don't wait for it forever.
+        if self._reader is not None:
+            self._reader.join(KILL_GRACE_SECONDS)
+
+    def _publish_outputs(self) -> None:
+        for src, bucket_dir in self._outputs:
+            try:
+                bucket_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copytree(src, bucket_dir, symlinks=True, dirs_exist_ok=True)
+            except OSError as exc:
+                self._log(f"[emulator] could not publish outputs to the bucket: {exc}")
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    # The group outlives its leader while members remain, so signal it even after the exit.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def kill_now(job: Job) -> None:
+    """Cancel: start stopping the job at once; its runner escalates and records the exit."""
+    if job.proc is not None and job.proc.poll() is None:
+        _signal_group(job.proc, signal.SIGTERM)
+    job.wake.set()

@@ -1,0 +1,122 @@
+"""Local stand-ins for Hub model/dataset repositories, mounted read-only into jobs.
+
+The store directory is mode 0700: jobs run under the launcher, which drops to uid 10000, and must not
+be able to browse repositories other than those mounted into them. Files are root-owned (when the
+emulator runs as root) and read-only; each job gets hard links (or copies across file systems) laid
+out at its mount paths, so a job can neither change a repository nor see another's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import threading
+from pathlib import Path
+
+REPO_KINDS = ("model", "dataset", "space")
+
+
+class RepoNotFound(LookupError):
+    pass
+
+
+def make_read_only(root: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            p = Path(dirpath, name)
+            if not p.is_symlink():
+                p.chmod(0o444)
+        for name in dirnames:
+            Path(dirpath, name).chmod(0o555)
+    root.chmod(0o555)
+
+
+def make_writable(root: Path) -> None:
+    """Undo `make_read_only` on directories so a tree can be deleted."""
+    if not root.exists() or root.is_symlink():
+        return
+    root.chmod(0o755)
+    for dirpath, dirnames, _ in os.walk(root):
+        for name in dirnames:
+            p = Path(dirpath, name)
+            if not p.is_symlink():
+                p.chmod(0o755)
+
+
+def remove_tree(root: Path) -> None:
+    make_writable(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+class RepoStore:
+    """Repositories registered by (kind, repo_id, revision), copied into `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o700)
+        self._lock = threading.Lock()
+        self._repos: dict[tuple[str, str, str], Path] = {}
+
+    @staticmethod
+    def _key(kind: str, repo_id: str, revision: str | None) -> tuple[str, str, str]:
+        if kind not in REPO_KINDS:
+            raise ValueError(f"kind must be one of {REPO_KINDS}, not {kind!r}")
+        return kind, repo_id, revision or "main"
+
+    def register(self, kind: str, repo_id: str, revision: str | None, source_dir: Path | str) -> Path:
+        """Copy `source_dir` into the store as `kind` repository `repo_id` at `revision` (default main).
+
+        Registering the same key again replaces the content (jobs already started keep their links).
+        """
+        key = self._key(kind, repo_id, revision)
+        source = Path(source_dir)
+        if not source.is_dir():
+            raise NotADirectoryError(source)
+        digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
+        target = self.root / kind / digest
+        staging = self.root / kind / f".{digest}.tmp"
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        remove_tree(staging)
+        shutil.copytree(source, staging, symlinks=False)
+        make_read_only(staging)
+        with self._lock:
+            remove_tree(target)
+            staging.rename(target)
+            self._repos[key] = target
+        return target
+
+    def lookup(self, kind: str, repo_id: str, revision: str | None) -> Path:
+        key = self._key(kind, repo_id, revision)
+        with self._lock:
+            path = self._repos.get(key)
+        if path is None:
+            raise RepoNotFound(f"{kind} {repo_id}@{key[2]} is not registered in the emulator's repo store")
+        return path
+
+    def registered(self) -> list[tuple[str, str, str]]:
+        with self._lock:
+            return sorted(self._repos)
+
+    def materialize(
+        self, kind: str, repo_id: str, revision: str | None, subpath: str | None, dest: Path
+    ) -> None:
+        """Lay out the repository (or its sub-folder `subpath`) read-only at `dest`."""
+        source = self.lookup(kind, repo_id, revision)
+        if subpath:
+            source = source / subpath
+            if not source.is_dir():
+                raise RepoNotFound(f"{kind} {repo_id} has no folder {subpath!r}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(source, dest, copy_function=_link_or_copy)
+        make_read_only(dest)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+        os.chmod(dst, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)

@@ -1,0 +1,37 @@
+"""Where a grader job finds its inputs and writes its result (set by the launcher)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from graders.registry import GRADER_INPUT_BASE_MODEL, GRADER_INPUT_CHECKPOINT, GRADER_INPUT_SPLIT
+
+
+def input_env_var(name: str) -> str:
+    return f"POSTTRAIN_INPUT_{name.upper()}"
+
+
+OUTPUT_DIR_ENV = "POSTTRAIN_OUTPUT_DIR"
+
+
+@dataclass(frozen=True)
+class GraderInputs:
+    checkpoint: Path
+    split: Path
+    base_model: Path | None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], *, needs_base_model: bool) -> GraderInputs:
+        def required(name: str) -> Path:
+            value = env.get(input_env_var(name))
+            if not value:
+                raise RuntimeError(f"{input_env_var(name)} is not set")
+            return Path(value)
+
+        return cls(
+            checkpoint=required(GRADER_INPUT_CHECKPOINT),
+            split=required(GRADER_INPUT_SPLIT),
+            base_model=required(GRADER_INPUT_BASE_MODEL) if needs_base_model else None,
+        )

@@ -1,0 +1,69 @@
+"""Grader job entry: `python -m graders.run --task NAME` (role `grader` under the launcher).
+
+Inputs come from POSTTRAIN_INPUT_CHECKPOINT, POSTTRAIN_INPUT_SPLIT and, for tasks with a base model,
+POSTTRAIN_INPUT_BASE_MODEL; the result goes to $POSTTRAIN_OUTPUT_DIR/result.json. The score is written
+only there: logs are agent-visible and forgeable, so they carry the status and never the score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from graders.inputs import OUTPUT_DIR_ENV, GraderInputs
+from graders.registry import Task, get_task
+from graders.result import GraderResult, write_result
+
+RUNNER_VERSION = "run/1"
+EXIT_OK = 0
+EXIT_GRADER_ERROR = 1
+EXIT_USAGE = 2
+
+
+class GraderModule(Protocol):
+    GRADER_VERSION: str
+
+    def grade(self, task: Task, inputs: GraderInputs) -> GraderResult: ...
+
+
+def _log(message: str) -> None:
+    sys.stderr.write(f"posttrain-grader: {message}\n")
+
+
+def run_grader(task_name: str, env: Mapping[str, str]) -> GraderResult:
+    """Grade per the task; any failure of the platform's side becomes status `error`, not an exception."""
+    try:
+        task = get_task(task_name)
+        inputs = GraderInputs.from_env(env, needs_base_model=task.base_model is not None)
+        module: GraderModule = importlib.import_module(task.grader)  # type: ignore[assignment]
+        return module.grade(task, inputs)
+    except Exception as exc:
+        return GraderResult.error(f"{type(exc).__name__}: {exc}", RUNNER_VERSION)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m graders.run")
+    parser.add_argument("--task", required=True)
+    args = parser.parse_args(argv)
+    output_dir = os.environ.get(OUTPUT_DIR_ENV)
+    if not output_dir:
+        _log(f"error: {OUTPUT_DIR_ENV} is not set")
+        return EXIT_USAGE
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # graders never fetch: every input is mounted
+
+    result = run_grader(args.task, os.environ)
+    write_result(Path(output_dir), result)
+    _log(f"task {args.task}: status {result.status}, n {result.n}, result written")
+    if result.status == "error":
+        _log(f"error: {result.reason}")
+        return EXIT_GRADER_ERROR
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Jobs run under the real launcher (`python -m posttrain_launcher`), as the hf-jobs backend submits them."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from huggingface_hub import HfApi, HfFileSystem, Volume
+
+from devstack.hf_emulator import HfEmulator
+from devstack.hf_emulator.repos import remove_tree
+
+from .test_jobs_api import IMAGE, wait_gone, wait_terminal
+
+launcher = pytest.importorskip("posttrain_launcher")
+host = pytest.importorskip("posttrain_launcher.host")
+
+
+@pytest.fixture(scope="module")
+def job_python() -> Iterator[str]:
+    # As root, the launcher drops to uid 10000 and execs the job with its own interpreter, which
+    # must be runnable by that uid; job_interpreter builds one if this one is not.
+    workdir = Path(tempfile.mkdtemp(prefix="hf-emulator-python-"))
+    workdir.chmod(0o755)
+    try:
+        yield host.job_interpreter(str(workdir))
+    finally:
+        remove_tree(workdir)
+
+
+@pytest.fixture
+def emu(make_emulator: Callable[..., HfEmulator], job_python: str, data_dir: Path) -> HfEmulator:
+    emulator = make_emulator(interpreter=job_python)
+    source = data_dir / "model-src"
+    source.mkdir()
+    (source / "config.json").write_text('{"layers": 2}')
+    emulator.repos.register("model", "org/tiny", "main", source)
+    return emulator
+
+
+def submit(emu: HfEmulator, script: str, bucket: str, **spec: object) -> str:
+    job_spec = launcher.JobSpec(
+        role="agent", script=script, inputs={"model": "/inputs/model"}, output_dir="/outputs", **spec
+    )
+    api = HfApi(endpoint=emu.url, token=emu.token)
+    job = api.run_job(
+        image=IMAGE,
+        command=["python", "-m", "posttrain_launcher"],
+        env={"POSTTRAIN_JOB_SPEC": job_spec.to_json()},
+        secrets={},
+        flavor="cpu-basic",
+        timeout=120,
+        labels={"role": "agent"},
+        volumes=[
+            Volume(type="model", source="org/tiny", mount_path="/inputs/model", revision="main"),
+            Volume(type="bucket", source=bucket, mount_path="/outputs"),
+        ],
+        namespace=emu.namespace,
+    )
+    return job.id
+
+
+AGENT = """
+import json, os, pathlib
+model = pathlib.Path(os.environ["POSTTRAIN_INPUT_MODEL"])
+out = pathlib.Path(os.environ["POSTTRAIN_OUTPUT_DIR"])
+try:
+    (model / "config.json").write_text("tampered")
+    input_writable = True
+except OSError:
+    input_writable = False
+try:
+    os.listdir("@@REPOS@@")
+    store_listable = True
+except OSError:
+    store_listable = False
+(out / "result.json").write_text(json.dumps({
+    "uid": os.getuid(),
+    "config": json.loads((model / "config.json").read_text()),
+    "input_writable": input_writable,
+    "store_listable": store_listable,
+}))
+print("agent done")
+"""
+
+
+def test_a_launcher_job_reads_its_model_and_publishes_outputs(emu: HfEmulator) -> None:
+    bucket = f"{emu.namespace}/agent-out"
+    job_id = submit(emu, AGENT.replace("@@REPOS@@", str(emu.data_dir / "repos")), bucket)
+    api = HfApi(endpoint=emu.url, token=emu.token)
+    done = wait_terminal(api, emu, job_id, timeout=90)
+    logs = list(api.fetch_job_logs(job_id=job_id, namespace=emu.namespace))
+    assert done.status.stage == "COMPLETED", (done.status.message, logs)
+    assert "agent done" in logs
+
+    fs = HfFileSystem(endpoint=emu.url, token=emu.token, skip_instance_cache=True)
+    result = json.loads(fs.cat_file(f"hf://buckets/{bucket}/result.json"))
+    assert result["config"] == {"layers": 2}
+    assert result["input_writable"] is False
+    if os.geteuid() == 0:
+        assert result["uid"] == 10000
+        assert result["store_listable"] is False
+
+
+def test_a_refused_spec_ends_in_error(emu: HfEmulator) -> None:
+    api = HfApi(endpoint=emu.url, token=emu.token)
+    job = api.run_job(
+        image=IMAGE,
+        command=["python", "-m", "posttrain_launcher"],
+        env={"POSTTRAIN_JOB_SPEC": '{"version": 1}'},
+        timeout=60,
+        namespace=emu.namespace,
+    )
+    done = wait_terminal(api, emu, job.id, timeout=60)
+    assert done.status.stage == "ERROR"
+    assert done.status.message is not None and "exit code: 2" in done.status.message
+    logs = list(api.fetch_job_logs(job_id=job.id, namespace=emu.namespace))
+    assert any(line.startswith("posttrain-launcher: error:") for line in logs)
+
+
+def test_cancel_stops_the_job_the_launcher_runs(emu: HfEmulator) -> None:
+    script = (
+        "import os, pathlib, time\n"
+        "(pathlib.Path(os.environ['POSTTRAIN_OUTPUT_DIR']) / 'pid').write_text(str(os.getpid()))\n"
+        "time.sleep(120)\n"
+    )
+    job_id = submit(emu, script, f"{emu.namespace}/cancel-out")
+    pid_file = emu.job_root(job_id) / "outputs" / "pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.1)
+    pid = int(pid_file.read_text())
+    api = HfApi(endpoint=emu.url, token=emu.token)
+    api.cancel_job(job_id=job_id, namespace=emu.namespace)
+    assert api.inspect_job(job_id=job_id, namespace=emu.namespace).status.stage == "CANCELED"
+    # The job sits in a process group of its own; the launcher forwards our SIGTERM to it.
+    wait_gone(pid)
