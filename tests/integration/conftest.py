@@ -83,9 +83,10 @@ def executing_emulator(task_assets: list[LocalRepo]) -> Iterator[HfEmulator]:
 
 
 @pytest.fixture
-def emulator(tmp_path: Path) -> Iterator[HfEmulator]:
-    """An emulator that runs no processes: every job 'runs' for 2 s and completes."""
-    emu, data_dir = make_emulator(execute=False, simulated_runtime=2.0)
+def emulator(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HfEmulator]:
+    """An emulator that runs no processes: every job 'runs' for 2 s (or the indirect parameter)."""
+    runtime = float(getattr(request, "param", 2.0))
+    emu, data_dir = make_emulator(execute=False, simulated_runtime=runtime)
     register_placeholder_repos(emu, tmp_path / "repos")
     yield emu
     emu.stop()

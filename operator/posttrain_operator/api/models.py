@@ -80,7 +80,7 @@ class EpisodeLimits(ApiModel):
         default=None, ge=1, le=100_000, description="maxSteps caps agent tool calls."
     )
     max_wall_seconds: int | None = Field(
-        default=None, ge=60, le=7 * 86400, description="maxWallSeconds caps the episode's wall time."
+        default=None, ge=1, le=7 * 86400, description="maxWallSeconds caps the episode's wall time."
     )
     max_concurrent_jobs: int | None = Field(
         default=None, ge=1, le=1000, description="maxConcurrentJobs caps jobs admitted and not finished."
