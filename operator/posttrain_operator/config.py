@@ -30,6 +30,11 @@ class OperatorSettings(BaseSettings):
     hf_bucket: str | None = None  # "<namespace>/<bucket>"; defaults to "<hf_namespace>/posttrain-outputs"
     hf_http_timeout_seconds: float = Field(default=30.0, gt=0)
 
+    @property
+    def submission_window_seconds(self) -> float:
+        """How long a submission request may stay in flight: the HTTP timeout plus a margin."""
+        return self.hf_http_timeout_seconds + 5.0
+
     # Pods backend (off unless enabled: it needs RBAC for namespaces, pods and NetworkPolicies).
     pods_enabled: bool = False
     pods_image: str = "localhost/posttrain-launcher:0.1.0"

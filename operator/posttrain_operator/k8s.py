@@ -4,6 +4,7 @@ merge patches, and creates. Nothing here decides anything."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -33,6 +34,9 @@ class Kube:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        # Ledger writers in this process take turns per Episode, so the compare-and-swap only
+        # ever races with other processes (the gateway's step counter), never with itself.
+        self._episode_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -72,7 +76,16 @@ class Kube:
         """Compare-and-swap on the Episode's status: read, mutate, replace with the read's
         resourceVersion, and start over on a conflict. `mutate` returns None when there is nothing to
         write; it must be pure, as it may run several times. Returns (body, status, written)."""
-        for _ in range(CAS_ATTEMPTS):
+        async with self._episode_locks.setdefault((namespace, name), asyncio.Lock()):
+            return await self._update_episode_status(namespace, name, mutate)
+
+    async def _update_episode_status(
+        self,
+        namespace: str,
+        name: str,
+        mutate: Callable[[dict[str, Any], EpisodeStatus], EpisodeStatus | None],
+    ) -> tuple[dict[str, Any], EpisodeStatus, bool]:
+        for attempt in range(CAS_ATTEMPTS):
             body = await self.get_episode(namespace, name)
             if body is None:
                 raise LookupError(f"episode {namespace}/{name} not found")
@@ -89,7 +102,7 @@ class Kube:
                 )
             except ApiException as exc:
                 if exc.status == 409:
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(random.uniform(0, 0.01 * 2 ** min(attempt, 6)))
                     continue
                 raise
             return written, new, True

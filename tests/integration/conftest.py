@@ -97,8 +97,15 @@ class OperatorProcess:
     """`kopf run` against the devstack cluster and an emulator, as a killable child process."""
 
     def __init__(
-        self, cluster: devcluster.ClusterState, emulator: HfEmulator, log_dir: Path, **env: str
+        self,
+        cluster: devcluster.ClusterState,
+        emulator: HfEmulator,
+        log_dir: Path,
+        namespace: str,
+        **env: str,
     ) -> None:
+        # Scoped to the test's namespace: tests (and people) sharing a cluster never cross-talk.
+        self.namespace = namespace
         self.cluster = cluster
         self.emulator = emulator
         self.log_dir = log_dir
@@ -121,6 +128,7 @@ class OperatorProcess:
             POSTTRAIN_HF_TOKEN=HF_TOKEN,
             POSTTRAIN_HF_NAMESPACE=HF_NAMESPACE,
             POSTTRAIN_HF_BUCKET=BUCKET,
+            POSTTRAIN_HF_HTTP_TIMEOUT_SECONDS="3",
             POSTTRAIN_POLL_INTERVAL_SECONDS="0.5",
             POSTTRAIN_EPISODE_TICK_SECONDS="0.5",
             POSTTRAIN_ORPHAN_RETRY_INITIAL_SECONDS="1",
@@ -137,7 +145,7 @@ class OperatorProcess:
         log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces",
+                sys.executable, "-m", "kopf", "run", "--standalone", f"--namespace={self.namespace}",
                 "-m", "posttrain_operator.handlers",
             ],
             env=self.env(),
@@ -146,6 +154,12 @@ class OperatorProcess:
             cwd=REPO,
         )  # fmt: skip
         return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until start-up has finished (the broker listens), so a kill lands in real work."""
+        log = self.log_dir / f"operator-{self.starts}.log"
+        wait_for(lambda: "broker API listening" in log.read_text(errors="replace"), timeout=timeout,
+                 what="the operator to start")  # fmt: skip
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -166,9 +180,9 @@ class OperatorProcess:
 
 @contextlib.contextmanager
 def running_operator(
-    cluster: devcluster.ClusterState, emulator: HfEmulator, log_dir: Path
+    cluster: devcluster.ClusterState, emulator: HfEmulator, log_dir: Path, namespace: str
 ) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster, emulator, log_dir).start()
+    op = OperatorProcess(cluster, emulator, log_dir, namespace).start()
     try:
         yield op
     finally:
@@ -179,19 +193,23 @@ def running_operator(
 
 @pytest.fixture
 def operator(
-    cluster: devcluster.ClusterState, crds: None, emulator: HfEmulator, tmp_path: Path
+    cluster: devcluster.ClusterState, crds: None, emulator: HfEmulator, tmp_path: Path, namespace: str
 ) -> Iterator[OperatorProcess]:
     """The operator against an emulator whose jobs run no process (fast lifecycle tests)."""
-    with running_operator(cluster, emulator, tmp_path) as op:
+    with running_operator(cluster, emulator, tmp_path, namespace) as op:
         yield op
 
 
 @pytest.fixture
 def executing_operator(
-    cluster: devcluster.ClusterState, crds: None, executing_emulator: HfEmulator, tmp_path: Path
+    cluster: devcluster.ClusterState,
+    crds: None,
+    executing_emulator: HfEmulator,
+    tmp_path: Path,
+    namespace: str,
 ) -> Iterator[OperatorProcess]:
     """The operator against an emulator that runs every job for real under the launcher."""
-    with running_operator(cluster, executing_emulator, tmp_path) as op:
+    with running_operator(cluster, executing_emulator, tmp_path, namespace) as op:
         yield op
 
 

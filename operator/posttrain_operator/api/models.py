@@ -238,6 +238,9 @@ class AgentJobStatus(ApiModel):
     backend_job_id: str | None = None
     backend_stage: str | None = None
     idempotency_key: str | None = None
+    submit_started_at: str | None = Field(
+        default=None, description="submitStartedAt is when the last submission call began (crash-safety)."
+    )
     reserved_micro_usd: int = Field(default=0, alias="reservedMicroUSD", ge=0)
     settled_micro_usd: int = Field(default=0, alias="settledMicroUSD", ge=0)
     spent_usd: str | None = Field(default=None, alias="spentUSD")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -41,7 +41,7 @@ from posttrain_operator.jobspec import (
     output_prefix,
     validate_against_task,
 )
-from posttrain_operator.reconcile.context import Context, iso
+from posttrain_operator.reconcile.context import Context, iso, parse_iso
 
 log = logging.getLogger(__name__)
 
@@ -281,9 +281,26 @@ async def _submit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> 
     try:
         handle = await backend.find(status.idempotency_key)
         if handle is None:
+            # An earlier attempt's request may still be in flight (the operator died while it was
+            # sent): it could create the job after this lookup. Wait out that window, then look again.
+            in_flight_until = submission_window_end(ctx, status)
+            if in_flight_until is not None and ctx.clock() < in_flight_until:
+                wait = (in_flight_until - ctx.clock()).total_seconds()
+                raise Retry(
+                    f"an earlier submission may still be in flight; looking again in {wait:.0f}s", wait
+                )
             task = get_task(EpisodeSpec.model_validate(episode["spec"]).task)  # type: ignore[index]
             request = build_request(spec=spec, task=task, namespace=namespace, job_name=name, uid=meta["uid"])
+            status = status.model_copy(update={"submit_started_at": iso(ctx.clock())})
+            await _write_status(ctx, job, status)
             handle = await backend.submit(request)
+        elif status.submit_started_at:
+            log.info(
+                "%s/%s: found backend job %s by its key; not submitting again",
+                namespace,
+                name,
+                handle.backend_job_id,
+            )
     except BackendError as exc:
         if exc.transient:
             raise Retry(f"submission failed, will look the job up and retry: {exc}") from exc
@@ -297,6 +314,14 @@ async def _submit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> 
     )
     await _write_status(ctx, job, status)
     ctx.emit(job, "Normal", "Submitted", f"backend job {handle.backend_job_id}")
+
+
+def submission_window_end(ctx: Context, status: AgentJobStatus) -> datetime | None:
+    """Until when a submission begun at `submitStartedAt` may still reach the backend."""
+    started = parse_iso(status.submit_started_at)
+    if started is None:
+        return None
+    return started + timedelta(seconds=ctx.settings.submission_window_seconds)
 
 
 def handle_of(job: dict[str, Any], status: AgentJobStatus) -> Handle | None:

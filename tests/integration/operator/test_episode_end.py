@@ -9,7 +9,14 @@ import pytest
 from devstack.hf_emulator import HfEmulator
 from tests.conftest import Kubectl
 from tests.helpers import wait_for
-from tests.integration.conftest import OperatorProcess, agentjob_manifest, apply, episode_manifest, get, wait_phase
+from tests.integration.conftest import (
+    OperatorProcess,
+    agentjob_manifest,
+    apply,
+    episode_manifest,
+    get,
+    wait_phase,
+)
 
 LONG_JOBS = pytest.mark.parametrize("emulator", [600.0], indirect=True, ids=["jobs-run-10min"])
 
@@ -29,7 +36,17 @@ def test_step_limit_ends_with_reward_zero_and_cancels_jobs(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
 ) -> None:
     backend_id = _start_with_running_job(kubectl, namespace, emulator, maxSteps=3)
-    kubectl("-n", namespace, "patch", "episode", "ep1", "--subresource=status", "--type=merge", "-p", '{"status":{"steps":3}}')
+    kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "episode",
+        "ep1",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"status":{"steps":3}}',
+    )
 
     episode = wait_phase(kubectl, namespace, "episode", "ep1", {"Completed"})
     assert episode["status"]["outcome"] == "LimitReached"
@@ -37,7 +54,10 @@ def test_step_limit_ends_with_reward_zero_and_cancels_jobs(
     assert "step limit" in episode["status"]["message"]
     job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Cancelled"})
     assert emulator.job(backend_id)["status"]["stage"] == "CANCELED"
-    ledger = wait_for(lambda: (e := get(kubectl, namespace, "episode", "ep1"))["status"]["ledger"]["reservedMicroUSD"] == 0 and e)
+    ledger = wait_for(
+        lambda: (e := get(kubectl, namespace, "episode", "ep1"))["status"]["ledger"]["reservedMicroUSD"] == 0
+        and e
+    )
     assert ledger["status"]["ledger"]["settledMicroUSD"] == job["status"]["settledMicroUSD"] > 0
 
 
@@ -54,7 +74,9 @@ def test_wall_time_limit_ends_with_reward_zero(
 
 
 @LONG_JOBS
-def test_no_job_is_admitted_after_the_end(kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator) -> None:
+def test_no_job_is_admitted_after_the_end(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
+) -> None:
     _start_with_running_job(kubectl, namespace, emulator, maxWallSeconds=3)
     wait_phase(kubectl, namespace, "episode", "ep1", {"Completed"}, timeout=30)
     apply(kubectl, namespace, agentjob_manifest("late", "ep1"))
@@ -79,11 +101,23 @@ def test_unconfirmed_cancel_orphans_blocks_and_is_collected(
 ) -> None:
     backend_id = _start_with_running_job(kubectl, namespace, emulator, maxSteps=1)
     emulator.inject("cancel_ignored", job_id=backend_id, count=None)
-    kubectl("-n", namespace, "patch", "episode", "ep1", "--subresource=status", "--type=merge", "-p", '{"status":{"steps":1}}')
+    kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "episode",
+        "ep1",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"status":{"steps":1}}',
+    )
 
     job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Orphaned"})
     assert job["status"]["reason"] == "CancelUnconfirmed"
-    episode = wait_for(lambda: (e := get(kubectl, namespace, "episode", "ep1"))["status"].get("orphanedJobs") and e)
+    episode = wait_for(
+        lambda: (e := get(kubectl, namespace, "episode", "ep1"))["status"].get("orphanedJobs") and e
+    )
     assert [o["name"] for o in episode["status"]["orphanedJobs"]] == ["job1"]
     orphaned = next(c for c in episode["status"]["conditions"] if c["type"] == "Orphaned")
     assert orphaned["status"] == "True" and "job1" in orphaned["message"]
@@ -92,14 +126,27 @@ def test_unconfirmed_cancel_orphans_blocks_and_is_collected(
     apply(kubectl, namespace, episode_manifest("ep2"))
     blocked_ep = wait_phase(kubectl, namespace, "episode", "ep2", {"Pending"})
     blocked = wait_for(
-        lambda: next((c for c in get(kubectl, namespace, "episode", "ep2")["status"].get("conditions", []) if c["type"] == "Blocked"), None)
+        lambda: next(
+            (
+                c
+                for c in get(kubectl, namespace, "episode", "ep2")["status"].get("conditions", [])
+                if c["type"] == "Blocked"
+            ),
+            None,
+        )
     )
-    assert blocked["status"] == "True" and blocked["reason"] == "OrphanedJobs" and "ep1/job1" in blocked["message"]
+    assert (
+        blocked["status"] == "True"
+        and blocked["reason"] == "OrphanedJobs"
+        and "ep1/job1" in blocked["message"]
+    )
     assert blocked_ep["status"]["phase"] == "Pending"
 
     emulator.clear_faults()
     wait_phase(kubectl, namespace, "agentjob", "job1", {"Cancelled"}, timeout=60)
     assert emulator.job(backend_id)["status"]["stage"] == "CANCELED"
-    cleared = wait_for(lambda: not (e := get(kubectl, namespace, "episode", "ep1"))["status"].get("orphanedJobs") and e)
+    cleared = wait_for(
+        lambda: not (e := get(kubectl, namespace, "episode", "ep1"))["status"].get("orphanedJobs") and e
+    )
     assert cleared["status"]["ledger"]["reservedMicroUSD"] == 0
     wait_phase(kubectl, namespace, "episode", "ep2", {"Running"}, timeout=60)

@@ -24,7 +24,13 @@ def _count(kubectl: Kubectl, namespace: str, kind: str) -> int:
 
 @pytest.mark.parametrize(
     ("budget", "why"),
-    [("-1", "negative"), ("1.2.3", "malformed"), ("ten", "not a number"), ("0.1234567", "sub-micro"), ("", "empty")],
+    [
+        ("-1", "negative"),
+        ("1.2.3", "malformed"),
+        ("ten", "not a number"),
+        ("0.1234567", "sub-micro"),
+        ("", "empty"),
+    ],
     ids=lambda v: str(v),
 )
 def test_bad_budget_is_refused(kubectl: Kubectl, namespace: str, crds: None, budget: str, why: str) -> None:
@@ -53,7 +59,9 @@ def test_too_many_packages_are_refused(kubectl: Kubectl, namespace: str, crds: N
 
 
 def _patch(kubectl: Kubectl, namespace: str, kind: str, name: str, patch: dict) -> str:
-    result = kubectl("-n", namespace, "patch", kind, name, "--type=merge", "-p", json.dumps(patch), check=False)
+    result = kubectl(
+        "-n", namespace, "patch", kind, name, "--type=merge", "-p", json.dumps(patch), check=False
+    )
     assert result.returncode != 0, f"patch {patch} was accepted"
     return result.stderr
 
@@ -61,9 +69,15 @@ def _patch(kubectl: Kubectl, namespace: str, kind: str, name: str, patch: dict) 
 def test_task_budget_and_backend_are_immutable(kubectl: Kubectl, namespace: str, crds: None) -> None:
     kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(episode_manifest("ep")))
     before = kubectl_json(kubectl, "-n", namespace, "get", "episode", "ep")
-    assert "spec.task is immutable" in _patch(kubectl, namespace, "episode", "ep", {"spec": {"task": "t0_arithmetic_format"}})
-    assert "spec.budgetUSD is immutable" in _patch(kubectl, namespace, "episode", "ep", {"spec": {"budgetUSD": "99"}})
-    assert "spec.backend is immutable" in _patch(kubectl, namespace, "episode", "ep", {"spec": {"backend": "pods"}})
+    assert "spec.task is immutable" in _patch(
+        kubectl, namespace, "episode", "ep", {"spec": {"task": "t0_arithmetic_format"}}
+    )
+    assert "spec.budgetUSD is immutable" in _patch(
+        kubectl, namespace, "episode", "ep", {"spec": {"budgetUSD": "99"}}
+    )
+    assert "spec.backend is immutable" in _patch(
+        kubectl, namespace, "episode", "ep", {"spec": {"backend": "pods"}}
+    )
     after = kubectl_json(kubectl, "-n", namespace, "get", "episode", "ep")
     assert after["spec"] == before["spec"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
@@ -86,4 +100,6 @@ def test_submission_is_set_once(kubectl: Kubectl, namespace: str, crds: None) ->
 
 def test_agentjob_spec_is_immutable(kubectl: Kubectl, namespace: str, crds: None) -> None:
     kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(agentjob_manifest("j", "ep")))
-    assert "AgentJob spec is immutable" in _patch(kubectl, namespace, "agentjob", "j", {"spec": {"timeoutSeconds": 900}})
+    assert "AgentJob spec is immutable" in _patch(
+        kubectl, namespace, "agentjob", "j", {"spec": {"timeoutSeconds": 900}}
+    )

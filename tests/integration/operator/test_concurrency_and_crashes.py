@@ -1,0 +1,157 @@
+"""The ledger under concurrency and crashes: the invariant holds in every status a watch sees, no
+backend job is ever submitted twice, none is lost, and the books match what the backend billed."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import yaml
+
+from devstack import cluster as devcluster
+from devstack.hf_emulator import HfEmulator, routes
+from posttrain_operator.backends.hf_jobs import KEY_LABEL
+from tests.conftest import Kubectl
+from tests.helpers import kubectl_json, wait_for
+from tests.integration.conftest import (
+    OperatorProcess,
+    agentjob_manifest,
+    apply,
+    episode_manifest,
+    get,
+    wait_phase,
+)
+
+CPU_BASIC = 167  # micro-dollars per minute
+TERMINAL = {"Succeeded", "Failed", "Cancelled", "Rejected"}
+
+
+class EpisodeWatch:
+    """Every version of one Episode, as `kubectl get -w` streams it, parsed in a thread."""
+
+    def __init__(self, cluster: devcluster.ClusterState, namespace: str, name: str) -> None:
+        self.versions: list[dict[str, Any]] = []
+        self._proc = subprocess.Popen(
+            [str(cluster.kubectl()), f"--kubeconfig={cluster.kubeconfig}", "-n", namespace,
+             "get", "episode", name, "--watch", "-o", "json"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        decoder, buffer = json.JSONDecoder(), ""
+        for line in self._proc.stdout:
+            buffer += line
+            try:
+                obj, end = decoder.raw_decode(buffer.strip())
+            except json.JSONDecodeError:
+                continue
+            self.versions.append(obj)
+            buffer = buffer.strip()[end:]
+
+    def stop(self) -> list[dict[str, Any]]:
+        time.sleep(1)  # let the last events arrive
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
+        self._thread.join(timeout=10)
+        return self.versions
+
+
+def _all_terminal(kubectl: Kubectl, namespace: str, count: int) -> list[dict[str, Any]] | None:
+    jobs: list[dict[str, Any]] = kubectl_json(kubectl, "-n", namespace, "get", "agentjobs")["items"]
+    done = [j for j in jobs if j.get("status", {}).get("phase") in TERMINAL]
+    return jobs if len(jobs) == count and len(done) == count else None
+
+
+def _assert_books_match_backend(
+    episode: dict[str, Any], jobs: list[dict[str, Any]], emulator: HfEmulator
+) -> None:
+    ledger = episode["status"]["ledger"]
+    billed = {r.job_id: r.cost_micro_usd for r in emulator.billing()}
+    assert ledger["reservedMicroUSD"] == 0
+    assert ledger["settledMicroUSD"] == sum(billed.values()) == emulator.total_cost_micro_usd()
+    for job in jobs:
+        backend_id = job["status"].get("backendJobId")
+        assert job["status"]["settledMicroUSD"] == (billed[backend_id] if backend_id else 0)
+
+
+def test_fifty_jobs_at_once_never_overspend(
+    cluster: devcluster.ClusterState,
+    kubectl: Kubectl,
+    namespace: str,
+    operator: OperatorProcess,
+    emulator: HfEmulator,
+) -> None:
+    admits_at_most = 7
+    # A 60 s cpu-basic job reserves one minute; every job bills at least one minute.
+    budget = f"0.{admits_at_most * CPU_BASIC:06d}"
+    apply(kubectl, namespace, episode_manifest("ep1", budget=budget, limits={"maxConcurrentJobs": 100}))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    watch = EpisodeWatch(cluster, namespace, "ep1")
+
+    jobs = [agentjob_manifest(f"j{i:02d}", "ep1", timeoutSeconds=60) for i in range(50)]
+    kubectl("-n", namespace, "create", "-f", "-", input=yaml.safe_dump_all(jobs))
+    final_jobs = wait_for(
+        lambda: _all_terminal(kubectl, namespace, 50), timeout=120, what="all 50 jobs to finish"
+    )
+    wait_for(lambda: get(kubectl, namespace, "episode", "ep1")["status"]["ledger"]["reservedMicroUSD"] == 0)
+    versions = watch.stop()
+
+    phases = Counter(j["status"]["phase"] for j in final_jobs)
+    assert phases["Succeeded"] == admits_at_most, phases
+    assert phases["Rejected"] == 50 - admits_at_most, phases
+    assert {j["status"]["reason"] for j in final_jobs if j["status"]["phase"] == "Rejected"} == {
+        "BudgetExceeded"
+    }
+    assert len(emulator.job_ids()) == admits_at_most
+    assert len(versions) > admits_at_most  # the watch saw the ledger move
+    for version in versions:
+        ledger = version.get("status", {}).get("ledger", {})
+        if ledger:
+            assert ledger["reservedMicroUSD"] + ledger["settledMicroUSD"] <= ledger["budgetMicroUSD"], ledger
+    _assert_books_match_backend(get(kubectl, namespace, "episode", "ep1"), final_jobs, emulator)
+
+
+def test_sigkill_during_submissions_never_submits_twice(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
+) -> None:
+    rng = random.Random(20261129)
+    kills, per_round = 20, 3
+    # Each create takes effect (and answers) 5 s after it is sent, even if the caller is gone by then:
+    # the window in which a crashed operator has submitted a job without knowing it. A restart takes
+    # less than that, so the new process must wait the request out, not submit again.
+    emulator.inject("delay", route=routes.CREATE_JOB, seconds=5.0, count=None)
+    apply(kubectl, namespace, episode_manifest("ep1", budget="5.00", limits={"maxConcurrentJobs": 200}))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+
+    for round_ in range(kills):
+        batch = [agentjob_manifest(f"r{round_:02d}-{i}", "ep1", timeoutSeconds=60) for i in range(per_round)]
+        operator.wait_ready()
+        kubectl("-n", namespace, "create", "-f", "-", input=yaml.safe_dump_all(batch))
+        time.sleep(rng.uniform(0.0, 3.0))  # kills land before and during the creates
+        operator.kill()
+        operator.start()
+
+    total = kills * per_round
+    jobs = wait_for(lambda: _all_terminal(kubectl, namespace, total), timeout=300, what="every job to finish")
+    assert Counter(j["status"]["phase"] for j in jobs) == {"Succeeded": total}
+    creations = emulator.creations_by_label(KEY_LABEL)
+    assert len(creations) == total, "a job was lost or an unknown job was created"
+    assert set(creations.values()) == {1}, {k: n for k, n in creations.items() if n != 1}
+    assert {f"aj-{j['metadata']['uid']}" for j in jobs} == set(creations)
+    assert operator.starts == kills + 1
+    logs = operator.logs()
+    assert "an earlier submission may still be in flight" in logs, "no restart met a submission in flight"
+    assert "by its key; not submitting again" in logs, "no restart adopted a job submitted before a kill"
+    episode = wait_for(
+        lambda: (e := get(kubectl, namespace, "episode", "ep1"))["status"]["ledger"]["reservedMicroUSD"] == 0
+        and e
+    )
+    _assert_books_match_backend(episode, jobs, emulator)
