@@ -277,7 +277,10 @@ class HfJobsBackend:
             )
             return list(lines)[-tail:]
 
-        return await self._call("fetch_job_logs", fetch)
+        try:
+            return await self._call("fetch_job_logs", fetch)
+        except JobNotFoundError:
+            return []  # a vanished job has no logs to show
 
     def _bucket_path(self, output_prefix: str, path: str = "") -> str:
         return "/".join(p for p in (f"buckets/{self.config.bucket}", output_prefix, path) if p)

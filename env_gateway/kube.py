@@ -1,0 +1,166 @@
+"""The gateway's Kubernetes access: Episodes and AgentJobs only (it never reads Secrets)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any
+
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+from posttrain_operator.api.models import GROUP, VERSION
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+Obj = dict[str, Any]
+
+
+class Conflict(Exception):
+    """A precondition (JSON-patch `test` or resourceVersion) failed: someone wrote first."""
+
+
+class WatchExpired(Exception):
+    """The watch's resourceVersion is too old (410): read the object afresh and watch again."""
+
+
+async def make_api_client(kubeconfig: str | None) -> client.ApiClient:
+    cfg = client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path:
+        await config.load_kube_config(config_file=path, client_configuration=cfg)
+    else:
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration=cfg)
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self.custom = client.CustomObjectsApi(api_client)
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    async def _get(self, namespace: str, plural: str, name: str) -> Obj | None:
+        try:
+            obj: Obj = await self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    async def get_episode(self, namespace: str, name: str) -> Obj | None:
+        return await self._get(namespace, "episodes", name)
+
+    async def get_agentjob(self, namespace: str, name: str) -> Obj | None:
+        return await self._get(namespace, "agentjobs", name)
+
+    async def list_episodes(self, namespace: str) -> list[Obj]:
+        found = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
+        items: list[Obj] = found["items"]
+        return items
+
+    async def list_agentjobs(self, namespace: str, episode: str) -> list[Obj]:
+        # No label selector: the operator labels a job only once it admits it. spec.episode is the truth.
+        found = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs")
+        return [j for j in found["items"] if j.get("spec", {}).get("episode") == episode]
+
+    async def create(self, namespace: str, plural: str, body: Obj) -> Obj:
+        created: Obj = await self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, body
+        )
+        return created
+
+    async def merge_patch_episode(self, namespace: str, name: str, patch: Obj) -> Obj:
+        patched: Obj = await self.custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "episodes",
+            name,
+            patch,
+            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+        )
+        return patched
+
+    async def set_steps(self, namespace: str, name: str, current: Obj, steps: int) -> Obj:
+        """Write status.steps only if nobody changed it since `current` was read (else Conflict)."""
+        status = current.get("status") or {}
+        if "steps" in status:
+            # A JSON-patch test on the field itself: unrelated status writes (the ledger) don't conflict.
+            body: Any = [
+                {"op": "test", "path": "/status/steps", "value": status["steps"]},
+                {"op": "replace", "path": "/status/steps", "value": steps},
+            ]
+            content_type = JSON_PATCH
+        else:
+            body = {
+                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                "status": {"steps": steps},
+            }
+            content_type = MERGE_PATCH
+        try:
+            patched: Obj = await self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                "episodes",
+                name,
+                body,
+                _content_type=content_type,  # type: ignore[call-arg]
+            )
+        except ApiException as exc:
+            # 422: the test op failed; 409: the resourceVersion moved on.
+            if exc.status in (409, 422):
+                raise Conflict(f"episode {namespace}/{name}: steps changed concurrently") from exc
+            raise
+        return patched
+
+    async def delete_agentjob(self, namespace: str, name: str) -> bool:
+        try:
+            await self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, "agentjobs", name, propagation_policy="Background"
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def watch_until(
+        self, namespace: str, plural: str, name: str, resource_version: str, seconds: float, done: Any
+    ) -> Obj | None:
+        """Watch one object from `resource_version` until `done(obj)` or the timeout; no polling.
+        Returns the last version seen that satisfied `done`, or None on timeout/deletion."""
+        w = watch.Watch()
+        try:
+            async with asyncio.timeout(seconds):
+                while True:
+                    stream = w.stream(
+                        self.custom.list_namespaced_custom_object,
+                        GROUP,
+                        VERSION,
+                        namespace,
+                        plural,
+                        field_selector=f"metadata.name={name}",
+                        resource_version=resource_version,
+                        timeout_seconds=max(1, int(seconds) + 1),
+                        allow_watch_bookmarks=False,
+                    )
+                    async for event in stream:
+                        obj: Obj = event["object"]
+                        if event["type"] == "DELETED":
+                            return None
+                        if event["type"] == "ERROR":
+                            raise WatchExpired(str(obj)[:200])
+                        resource_version = obj["metadata"]["resourceVersion"]
+                        if done(obj):
+                            return obj
+        except TimeoutError:
+            return None
+        finally:
+            w.stop()
+            with contextlib.suppress(Exception):
+                await w.close()

@@ -1,0 +1,183 @@
+"""Typed boundary of the gateway: tool arguments (strict, bounded), tool results, typed errors, and the
+observation every path returns."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from posttrain_operator.api.models import (
+    MAX_DATASETS,
+    MAX_PACKAGES,
+    MAX_REQUIREMENT_CHARS,
+    MAX_SCRIPT_BYTES,
+)
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+JobName = Annotated[
+    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+]
+Requirement = Annotated[str, StringConstraints(min_length=1, max_length=MAX_REQUIREMENT_CHARS)]
+DatasetName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+Flavor = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z0-9-]+$")]
+
+
+class Args(BaseModel):
+    """Every tool's arguments: unknown keys and type coercions are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class NoArgs(Args):
+    pass
+
+
+class SubmitJobArgs(Args):
+    script: str = Field(
+        min_length=1, max_length=MAX_SCRIPT_BYTES, description="Python source the job runs (<= 256 KiB)."
+    )
+    packages: list[Requirement] = Field(
+        default_factory=list, max_length=MAX_PACKAGES, description="pip requirements, wheels only."
+    )
+    flavor: Flavor | None = Field(default=None, description="Hardware flavor; default: the task's first.")
+    timeout_seconds: int = Field(
+        default=600, ge=60, le=86400, description="Hard time limit; the job reserves price x minutes."
+    )
+    datasets: list[DatasetName] | None = Field(
+        default=None, max_length=MAX_DATASETS, description="Dataset mounts; default: all the task allows."
+    )
+
+
+class JobArgs(Args):
+    job: JobName = Field(description="An AgentJob name of this episode.")
+
+
+class JobsStatusArgs(Args):
+    job: JobName | None = Field(default=None, description="One job, or omit for every job of the episode.")
+
+
+class JobsWaitArgs(Args):
+    job: JobName | None = Field(
+        default=None, description="The job to wait for; omit to wait for the episode's end (after submit)."
+    )
+    timeout_seconds: float = Field(default=20.0, gt=0, le=25, description="At most 25 s per call.")
+
+
+class JobsLogsArgs(Args):
+    job: JobName
+    tail: int = Field(default=100, ge=1, le=1000, description="Last N lines (1..1000).")
+
+
+class DevEvaluateArgs(Args):
+    job: JobName = Field(description="The train job whose outputs are scored on the public dev split.")
+    timeout_seconds: int = Field(default=300, ge=60, le=86400)
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+class JobView(BaseModel):
+    name: str
+    purpose: str
+    phase: str
+    reason: str | None = None
+    message: str | None = None
+    flavor: str | None = None
+    timeout_seconds: int | None = None
+    checkpoint_from: str | None = None
+    reserved_usd: str | None = None
+    spent_usd: str | None = None
+    exit_code: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    artifacts: list[dict[str, Any]] = Field(default_factory=list)
+    result: dict[str, Any] | None = None
+    deleting: bool = False
+
+
+class JobsResult(BaseModel):
+    jobs: list[JobView]
+
+
+class JobResult(BaseModel):
+    job: JobView
+
+
+class WaitResult(BaseModel):
+    finished: bool
+    job: JobView | None = None
+    episode_phase: str | None = None
+    outcome: str | None = None
+    reward: str | None = None
+
+
+class LogsResult(BaseModel):
+    job: str
+    lines: list[str]
+    truncated: bool
+
+
+class CancelResult(BaseModel):
+    job: str
+    cancelling: bool
+    message: str
+
+
+class SubmitResult(BaseModel):
+    submitted: str
+    message: str
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+# OpenEnv's ToolError.error_type enum (clients reject anything else); our own code goes in metadata.
+ErrorType = Literal["execution_error", "invalid_args", "transport_error", "tool_not_found", "timeout"]
+
+
+class ToolFailure(Exception):
+    """A typed, expected refusal: shown to the agent, never a 500."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        error_type: ErrorType = "execution_error",
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.error_type = error_type
+        self.details = details or {}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+class ServiceSpend(BaseModel):
+    """Dollar amounts as decimal strings, like every amount in the API (never a float)."""
+
+    budget_usd: str
+    reserved_usd: str
+    settled_usd: str
+    remaining_usd: str
+    jobs_running: int
+
+
+class Outcome(BaseModel):
+    """What one tool call produced, independent of the wire it goes out on."""
+
+    tool_name: str
+    result: dict[str, Any] | None = None
+    error: ToolFailure | None = None
+    done: bool = False
+    reward: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    def error_view(self) -> dict[str, str] | None:
+        # Exactly {error_type, message}: the 0.10 client refuses extra keys here.
+        if self.error is None:
+            return None
+        return {"error_type": self.error.error_type, "message": f"{self.error.code}: {self.error.message}"}

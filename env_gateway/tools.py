@@ -1,0 +1,375 @@
+"""The agent's tools. Each takes validated arguments and the caller's Episode (already authenticated
+and counted by the choke point) and returns a typed result or raises ToolFailure."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+from posttrain_operator.api.models import API_VERSION, TERMINAL_JOB_PHASES, AgentJobStatus, status_of
+from posttrain_operator.api.money import micro_to_usd
+from pydantic import BaseModel
+
+from env_gateway.broker import BrokerClient, BrokerError
+from env_gateway.config import GatewaySettings
+from env_gateway.episode_view import ENDED_PHASES, EpisodeView
+from env_gateway.kube import Kube, WatchExpired
+from env_gateway.schemas import (
+    Args,
+    CancelResult,
+    DevEvaluateArgs,
+    JobArgs,
+    JobResult,
+    JobsLogsArgs,
+    JobsResult,
+    JobsStatusArgs,
+    JobsWaitArgs,
+    JobView,
+    LogsResult,
+    NoArgs,
+    SubmitJobArgs,
+    SubmitResult,
+    ToolFailure,
+    WaitResult,
+)
+
+EPISODE_LABEL = "posttrain.dev/episode"
+CREATED_BY_LABEL = "posttrain.dev/created-by"
+CREATED_BY = "env-gateway"
+# Phases after which admission has been decided.
+DECIDED_PHASES = frozenset({"Admitted", "Running", "Orphaned"} | TERMINAL_JOB_PHASES)
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    kube: Kube
+    broker: BrokerClient
+    settings: GatewaySettings
+    episode: EpisodeView
+
+
+def _snake(reason: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", reason).lower()
+
+
+def job_view(job: dict[str, Any]) -> JobView:
+    spec = job.get("spec", {})
+    status = status_of(AgentJobStatus, job.get("status"))
+    return JobView(
+        name=job["metadata"]["name"],
+        purpose=spec.get("purpose", ""),
+        phase=status.phase or "Pending",
+        reason=status.reason,
+        message=status.message,
+        flavor=spec.get("flavor"),
+        timeout_seconds=spec.get("timeoutSeconds"),
+        checkpoint_from=spec.get("checkpointFrom"),
+        reserved_usd=micro_to_usd(status.reserved_micro_usd),
+        spent_usd=micro_to_usd(status.settled_micro_usd),
+        exit_code=status.exit_code,
+        started_at=status.started_at,
+        finished_at=status.finished_at,
+        artifacts=[a.model_dump() for a in status.artifacts],
+        result=status.result.model_dump(exclude_none=True) if status.result else None,
+        deleting=bool(job["metadata"].get("deletionTimestamp")),
+    )
+
+
+async def _own_job(ctx: ToolContext, name: str) -> dict[str, Any]:
+    """The job, if it belongs to the caller's episode; the same error whether it is foreign or absent,
+    so one episode learns nothing about another's jobs."""
+    job = await ctx.kube.get_agentjob(ctx.episode.namespace, name)
+    spec = (job or {}).get("spec", {})
+    if job is None or spec.get("episode") != ctx.episode.name or spec.get("purpose") == "score":
+        raise ToolFailure("job_not_found", f"no job {name!r} in this episode", error_type="invalid_args")
+    return job
+
+
+def _refuse_if_not_running(ctx: ToolContext) -> None:
+    if ctx.episode.status.phase != "Running":
+        raise ToolFailure(
+            "episode_not_running",
+            f"the episode is {ctx.episode.status.phase or 'Pending'}; it takes no new jobs",
+        )
+
+
+async def _create_and_await_admission(ctx: ToolContext, body: dict[str, Any]) -> dict[str, Any]:
+    ep = ctx.episode
+    prefix = ep.name[:40].rstrip("-")
+    body["metadata"] = {
+        "name": f"{prefix}-{secrets.token_hex(4)}",
+        "labels": {EPISODE_LABEL: ep.name, CREATED_BY_LABEL: CREATED_BY},
+    }
+    try:
+        job = await ctx.kube.create(ep.namespace, "agentjobs", body)
+    except ApiException as exc:
+        if exc.status in (400, 422):  # the CRD schema refused it: nothing was created
+            raise ToolFailure("invalid_job", f"the API server refused the job: {exc.body!s:.500}") from exc
+        raise
+    name = job["metadata"]["name"]
+    job = await _wait_for(
+        ctx, name, job, lambda j: _phase(j) in DECIDED_PHASES, ctx.settings.submit_admission_wait_seconds
+    )
+    if _phase(job) == "Rejected":
+        status = status_of(AgentJobStatus, job.get("status"))
+        reason = status.reason or "Rejected"
+        raise ToolFailure(
+            _snake(reason),
+            status.message or reason,
+            details={"job": name, "reason": reason, "service_spend": ep.spend().model_dump()},
+        )
+    return job
+
+
+def _phase(job: dict[str, Any]) -> str:
+    return str((job.get("status") or {}).get("phase") or "Pending")
+
+
+async def _wait_for(
+    ctx: ToolContext, name: str, job: dict[str, Any], done: Callable[[dict[str, Any]], bool], seconds: float
+) -> dict[str, Any]:
+    """Watch (never poll) until `done(job)` or the timeout; returns the newest version seen."""
+    deadline = time.monotonic() + seconds
+    while not done(job) and (left := deadline - time.monotonic()) > 0:
+        rv = job["metadata"]["resourceVersion"]
+        try:
+            seen = await ctx.kube.watch_until(ctx.episode.namespace, "agentjobs", name, rv, left, done)
+        except WatchExpired:  # our resourceVersion is too old: re-read, then watch on
+            seen = None
+        else:
+            if seen is None:  # the timeout, or the job was deleted: one last read decides
+                return await ctx.kube.get_agentjob(ctx.episode.namespace, name) or job
+        job = seen or await ctx.kube.get_agentjob(ctx.episode.namespace, name) or job
+    return job
+
+
+# --- the tools ---------------------------------------------------------------------------------
+
+
+async def task_info(ctx: ToolContext, _: NoArgs) -> dict[str, Any]:
+    ep = ctx.episode
+    view = ep.task.public_view().model_dump(mode="json")
+    view["episode"] = {
+        "name": ep.name,
+        "budget_usd": ep.spec.budget_usd,
+        "flavors": ep.spec.flavors or ep.task.default_flavors,
+        "max_steps": ep.max_steps,
+        "max_wall_seconds": ep.spec.limits.max_wall_seconds or ep.task.limits.max_wall_seconds,
+        "max_concurrent_jobs": ep.spec.limits.max_concurrent_jobs or ep.task.limits.max_concurrent_jobs,
+        "max_job_timeout_seconds": (
+            ep.spec.limits.max_job_timeout_seconds or ep.task.limits.max_job_timeout_seconds
+        ),
+        "submission": ep.spec.submission.checkpoint_from if ep.spec.submission else None,
+    }
+    return view
+
+
+async def jobs_submit(ctx: ToolContext, args: SubmitJobArgs) -> JobResult:
+    _refuse_if_not_running(ctx)
+    ep = ctx.episode
+    spec = {
+        "episode": ep.name,
+        "purpose": "train",
+        "script": args.script,
+        "packages": args.packages,
+        "flavor": args.flavor or (ep.spec.flavors or ep.task.default_flavors)[0],
+        "timeoutSeconds": args.timeout_seconds,
+        "datasets": args.datasets if args.datasets is not None else sorted(ep.task.agent_datasets),
+    }
+    job = await _create_and_await_admission(
+        ctx, {"apiVersion": API_VERSION, "kind": "AgentJob", "spec": spec}
+    )
+    return JobResult(job=job_view(job))
+
+
+async def dev_evaluate(ctx: ToolContext, args: DevEvaluateArgs) -> JobResult:
+    _refuse_if_not_running(ctx)
+    source = await _own_job(ctx, args.job)
+    if source["spec"].get("purpose") != "train":
+        raise ToolFailure("invalid_job", f"{args.job!r} is not a train job", error_type="invalid_args")
+    ep = ctx.episode
+    spec = {
+        "episode": ep.name,
+        "purpose": "devEval",
+        "flavor": (ep.spec.flavors or ep.task.default_flavors)[0],
+        "timeoutSeconds": args.timeout_seconds,
+        "checkpointFrom": args.job,
+    }
+    job = await _create_and_await_admission(
+        ctx, {"apiVersion": API_VERSION, "kind": "AgentJob", "spec": spec}
+    )
+    return JobResult(job=job_view(job))
+
+
+async def jobs_status(ctx: ToolContext, args: JobsStatusArgs) -> JobsResult:
+    ep = ctx.episode
+    if args.job is not None:
+        return JobsResult(jobs=[job_view(await _own_job(ctx, args.job))])
+    jobs = [
+        j for j in await ctx.kube.list_agentjobs(ep.namespace, ep.name) if j["spec"].get("purpose") != "score"
+    ]
+    views = [job_view(j) for j in jobs]
+    # A cancelled job's AgentJob is deleted (that is how jobs_cancel cancels); its ledger entry remains.
+    present = {v.name for v in views}
+    for name, entry in sorted(ep.status.ledger.entries.items()):
+        if name not in present and not entry.platform:
+            views.append(
+                JobView(
+                    name=name,
+                    purpose="unknown",
+                    phase="Cancelled" if entry.settled_micro_usd is not None else "Cancelling",
+                    message="deleted (cancelled); its cost stays in the ledger",
+                    reserved_usd=micro_to_usd(entry.reserved_micro_usd),
+                    spent_usd=micro_to_usd(entry.settled_micro_usd or 0),
+                )
+            )
+    views.sort(key=lambda v: v.name)
+    return JobsResult(jobs=views)
+
+
+async def jobs_wait(ctx: ToolContext, args: JobsWaitArgs) -> WaitResult:
+    timeout = min(args.timeout_seconds, ctx.settings.max_wait_seconds)
+    ep = ctx.episode
+    if args.job is None:
+        body = ep.body
+        if body.get("status", {}).get("phase") not in ENDED_PHASES:
+            try:
+                seen = await ctx.kube.watch_until(
+                    ep.namespace,
+                    "episodes",
+                    ep.name,
+                    body["metadata"]["resourceVersion"],
+                    timeout,
+                    lambda e: (e.get("status") or {}).get("phase") in ENDED_PHASES,
+                )
+            except WatchExpired:
+                seen = None
+            body = seen or await ctx.kube.get_episode(ep.namespace, ep.name) or body
+        status = body.get("status") or {}
+        return WaitResult(
+            finished=status.get("phase") in ENDED_PHASES,
+            episode_phase=status.get("phase"),
+            outcome=status.get("outcome"),
+            reward=status.get("reward"),
+        )
+    job = await _own_job(ctx, args.job)
+    job = await _wait_for(ctx, args.job, job, lambda j: _phase(j) in TERMINAL_JOB_PHASES, timeout)
+    return WaitResult(finished=_phase(job) in TERMINAL_JOB_PHASES, job=job_view(job))
+
+
+async def jobs_logs(ctx: ToolContext, args: JobsLogsArgs) -> LogsResult:
+    await _own_job(ctx, args.job)
+    try:
+        lines, truncated = await ctx.broker.logs(ctx.episode.namespace, args.job, args.tail)
+    except BrokerError as exc:
+        raise ToolFailure("logs_unavailable", str(exc), error_type="transport_error") from exc
+    return LogsResult(job=args.job, lines=lines, truncated=truncated)
+
+
+async def jobs_cancel(ctx: ToolContext, args: JobArgs) -> CancelResult:
+    job = await _own_job(ctx, args.job)
+    if _phase(job) in TERMINAL_JOB_PHASES:
+        return CancelResult(job=args.job, cancelling=False, message=f"already {_phase(job)}")
+    # Deleting is the cancel: the operator's finalizer stops the backend job and settles its cost
+    # before the object goes; jobs_status keeps reporting it (then from the ledger).
+    await ctx.kube.delete_agentjob(ctx.episode.namespace, args.job)
+    return CancelResult(
+        job=args.job,
+        cancelling=True,
+        message="cancellation requested; billing stops at the backend's confirmation",
+    )
+
+
+async def submit(ctx: ToolContext, args: JobArgs) -> SubmitResult:
+    ep = ctx.episode
+    if ep.spec.submission is not None:
+        raise ToolFailure(
+            "already_submitted", f"this episode already submitted {ep.spec.submission.checkpoint_from!r}"
+        )
+    _refuse_if_not_running(ctx)
+    job = await _own_job(ctx, args.job)
+    if job["spec"].get("purpose") != "train" or _phase(job) != "Succeeded":
+        raise ToolFailure(
+            "invalid_submission",
+            f"{args.job!r} must be a Succeeded train job (it is {_phase(job)})",
+            error_type="invalid_args",
+        )
+    try:
+        await ctx.kube.merge_patch_episode(
+            ep.namespace, ep.name, {"spec": {"submission": {"checkpointFrom": args.job}}}
+        )
+    except ApiException as exc:
+        if exc.status in (409, 422):  # CEL: settable exactly once
+            raise ToolFailure("already_submitted", "the episode's submission is already set") from exc
+        raise
+    return SubmitResult(
+        submitted=args.job,
+        message=(
+            "hidden-split scoring started; the reward arrives with done=true "
+            "(jobs_wait without a job waits for it)"
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    args: type[Args]
+    run: Callable[[ToolContext, Any], Awaitable[BaseModel | dict[str, Any]]]
+    read_only: bool = False
+
+
+TOOLS: dict[str, ToolSpec] = {
+    t.name: t
+    for t in (
+        ToolSpec(
+            "task_info",
+            "The task: description, inputs, flavors, limits and this episode's budget.",
+            NoArgs,
+            task_info,
+            read_only=True,
+        ),
+        ToolSpec(
+            "jobs_submit",
+            "Submit a training job (Python script run under the launcher). Reserves "
+            "price x timeout minutes from the budget; a refusal says why, with the numbers.",
+            SubmitJobArgs,
+            jobs_submit,
+        ),
+        ToolSpec(
+            "jobs_status",
+            "Status of one job, or of every job of this episode.",
+            JobsStatusArgs,
+            jobs_status,
+            read_only=True,
+        ),
+        ToolSpec(
+            "jobs_wait",
+            "Wait (at most 25 s) for a job to finish, or without a job for the episode's end after submit.",
+            JobsWaitArgs,
+            jobs_wait,
+            read_only=True,
+        ),
+        ToolSpec("jobs_logs", "The last lines of a job's logs.", JobsLogsArgs, jobs_logs, read_only=True),
+        ToolSpec("jobs_cancel", "Cancel a job; its cost so far is settled.", JobArgs, jobs_cancel),
+        ToolSpec(
+            "dev_evaluate",
+            "Score a train job's outputs on the public dev split (charged like a job).",
+            DevEvaluateArgs,
+            dev_evaluate,
+        ),
+        ToolSpec(
+            "submit",
+            "Submit a Succeeded train job's outputs as the final answer; scoring on the "
+            "hidden split starts and this returns at once.",
+            JobArgs,
+            submit,
+        ),
+    )
+}

@@ -1,0 +1,150 @@
+"""Gateway fixtures: the gateway served by uvicorn on a loopback port (in a thread of the test
+process), wired to the devstack cluster and a real operator whose broker trusts the gateway's
+ServiceAccount."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+from collections.abc import Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+import websockets
+import yaml
+
+from devstack import cluster as devcluster
+from env_gateway.config import GatewaySettings
+from env_gateway.main import create_app
+from tests.conftest import Kubectl
+from tests.integration.conftest import BROKER_NAMESPACE, OperatorProcess
+
+
+@dataclass
+class GatewayServer:
+    url: str
+    orchestrator_token: str
+    namespace: str
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://") + "/ws"
+
+    def orchestrator_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.orchestrator_token}"}
+
+
+@pytest.fixture(scope="session")
+def gateway_sa_token(
+    cluster: devcluster.ClusterState, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A TokenRequest token of system:serviceaccount:posttrain-system:gateway, as a projected token file."""
+    if kubectl("get", "namespace", BROKER_NAMESPACE, check=False).returncode != 0:
+        kubectl("create", "namespace", BROKER_NAMESPACE)
+    if kubectl("-n", BROKER_NAMESPACE, "get", "serviceaccount", "gateway", check=False).returncode != 0:
+        kubectl("-n", BROKER_NAMESPACE, "create", "serviceaccount", "gateway")
+    out = tmp_path_factory.mktemp("gateway-sa")
+    kubeconfig = devcluster.mint_service_account_kubeconfig(
+        cluster, BROKER_NAMESPACE, "gateway", out / "kubeconfig"
+    )
+    token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+    path = out / "token"
+    path.write_text(token)
+    return path
+
+
+def serve(settings: GatewaySettings) -> Iterator[str]:
+    port = devcluster.free_port()
+    config = uvicorn.Config(
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        ws="websockets-sansio",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    for _ in range(400):
+        if server.started:
+            break
+        if not thread.is_alive():
+            raise RuntimeError("the gateway failed to start")
+        threading.Event().wait(0.025)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+def _settings(
+    namespace: str, op: OperatorProcess, token_file: Path, cluster: devcluster.ClusterState, token: str
+) -> GatewaySettings:
+    return GatewaySettings(
+        namespace=namespace,
+        orchestrator_token=token,  # type: ignore[arg-type]
+        broker_url=op.broker_url,
+        broker_token_file=str(token_file),
+        kubeconfig=str(cluster.kubeconfig),
+    )
+
+
+@pytest.fixture
+def gateway(
+    cluster: devcluster.ClusterState, namespace: str, operator: OperatorProcess, gateway_sa_token: Path
+) -> Iterator[GatewayServer]:
+    """The gateway beside an operator whose emulated jobs run no process (2 s each)."""
+    token = secrets.token_urlsafe(24)
+    for url in serve(_settings(namespace, operator, gateway_sa_token, cluster, token)):
+        yield GatewayServer(url, token, namespace)
+
+
+@pytest.fixture
+def executing_gateway(
+    cluster: devcluster.ClusterState,
+    namespace: str,
+    executing_operator: OperatorProcess,
+    gateway_sa_token: Path,
+) -> Iterator[GatewayServer]:
+    """The gateway beside an operator whose jobs really run under the launcher (real grading)."""
+    token = secrets.token_urlsafe(24)
+    for url in serve(_settings(namespace, executing_operator, gateway_sa_token, cluster, token)):
+        yield GatewayServer(url, token, namespace)
+
+
+class Orchestrator:
+    """A minimal OpenEnv WS client for tests (one reply per frame, in order)."""
+
+    def __init__(self, conn: websockets.ClientConnection) -> None:
+        self.conn = conn
+
+    async def send(self, message: dict[str, Any]) -> dict[str, Any]:
+        await self.conn.send(json.dumps(message))
+        reply: dict[str, Any] = json.loads(await asyncio.wait_for(self.conn.recv(), 60))
+        return reply
+
+    async def reset(self, **kwargs: Any) -> dict[str, Any]:
+        reply = await self.send({"type": "reset", "data": kwargs})
+        assert reply["type"] == "observation", reply
+        return reply["data"]
+
+    async def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        reply = await self.send(
+            {"type": "step", "data": {"type": "call_tool", "tool_name": tool, "arguments": arguments}}
+        )
+        assert reply["type"] == "observation", reply
+        return reply["data"]
+
+
+@asynccontextmanager
+async def orchestrator(gw: GatewayServer) -> Any:
+    async with websockets.connect(gw.ws_url, additional_headers=gw.orchestrator_headers()) as conn:
+        yield Orchestrator(conn)

@@ -1,0 +1,252 @@
+"""The hf-jobs backend with the real huggingface_hub client against the emulator: the calls, the
+faults and their documented outcomes, and the token that must never leave the Authorization header."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devstack.hf_emulator import HfEmulator, routes
+from devstack.hf_emulator.repos import remove_tree
+from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, UnknownFlavor
+from posttrain_operator.backends.hf_jobs import KEY_LABEL, HfJobsBackend, HfJobsConfig, install_client_timeout
+from tests.conftest import Kubectl
+from tests.helpers import wait_for
+from tests.integration.conftest import (
+    BUCKET,
+    HF_NAMESPACE,
+    HF_TOKEN,
+    OperatorProcess,
+    agentjob_manifest,
+    apply,
+    episode_manifest,
+    get,
+    make_emulator,
+    wait_phase,
+)
+
+
+@pytest.fixture
+def backend_emulator() -> Iterator[HfEmulator]:
+    emu, data_dir = make_emulator(execute=True)
+    yield emu
+    emu.stop()
+    remove_tree(data_dir)
+
+
+@pytest.fixture
+def backend(backend_emulator: HfEmulator) -> HfJobsBackend:
+    install_client_timeout(3.0)
+    return HfJobsBackend(
+        HfJobsConfig(
+            endpoint=backend_emulator.url,
+            token=HF_TOKEN,
+            namespace=HF_NAMESPACE,
+            image="launcher:test",
+            bucket=BUCKET,
+            max_backoff_s=0.2,
+        )
+    )
+
+
+def _request(key: str, script: str = "print('hello from the job')") -> JobRequest:
+    """A job whose command the emulator runs as `python -m posttrain_launcher`: here, the launcher's
+    spec is irrelevant, so these backend tests use a short-lived job the emulator can run."""
+    return JobRequest(
+        key=key,
+        namespace="ns",
+        episode="ep",
+        job_name=key,
+        flavor="cpu-basic",
+        timeout_seconds=60,
+        launcher_spec={
+            "version": 1,
+            "role": "agent",
+            "script": script,
+            "output_dir": "/outputs",
+            "inputs": {},
+        },
+        outputs=OutputMount(prefix=f"ns/ep/{key}", mount_path="/outputs"),
+    )
+
+
+async def test_price_lookup_is_cached_and_unknown_flavors_are_clear(
+    backend: HfJobsBackend, backend_emulator: HfEmulator
+) -> None:
+    assert await backend.price("cpu-basic") == 167
+    assert await backend.price("a100-large") == 41667  # $2.50 / h
+    with pytest.raises(UnknownFlavor, match="unknown flavor 'gpu-9000'"):
+        await backend.price("gpu-9000")
+    assert backend_emulator.request_count(routes.HARDWARE) == 1
+
+
+async def test_submit_find_status_logs_and_artifacts(
+    backend: HfJobsBackend, backend_emulator: HfEmulator
+) -> None:
+    handle = await backend.submit(_request("k-one"))
+    assert await backend.find("k-one") == type(handle)(handle.backend_job_id)
+    assert await backend.find("k-none") is None
+    backend_emulator.wait_for_stage(handle.backend_job_id, ("COMPLETED", "ERROR"), timeout=60)
+    status = (await backend.status_many([handle]))[handle.backend_job_id]
+    assert status.started_at is not None and status.finished_at is not None
+    lines = await backend.logs(handle, tail=50)
+    assert lines, "the launcher's log lines are served"
+    # The job ran under the launcher with an output dir: whatever it wrote is readable, bounded.
+    assert isinstance(await backend.artifacts(handle.output_prefix), list)
+
+
+async def test_status_of_many_jobs_is_one_list_call(
+    backend: HfJobsBackend, backend_emulator: HfEmulator
+) -> None:
+    backend_emulator.stop()
+    emu, data_dir = make_emulator(execute=False, simulated_runtime=600.0)
+    try:
+        many = HfJobsBackend(backend.config.__class__(**{**backend.config.__dict__, "endpoint": emu.url}))
+        handles = [await many.submit(_request(f"k{i}")) for i in range(30)]
+        emu.reset_stats()
+        statuses = await many.status_many(handles)
+        assert {s.stage for s in statuses.values()} == {"running"}
+        assert emu.request_counts() == {routes.LIST_JOBS: 1}
+    finally:
+        emu.stop()
+        remove_tree(data_dir)
+
+
+async def test_rate_limits_and_server_errors_are_retried(
+    backend: HfJobsBackend, backend_emulator: HfEmulator
+) -> None:
+    handle = await backend.submit(_request("k-retry"))
+    backend_emulator.inject("rate_limit", route=routes.LIST_JOBS, seconds=0, count=2)
+    backend_emulator.inject("http_error", route=routes.INSPECT_JOB, status=503, count=1)
+    await backend.status_many([handle])
+    assert backend_emulator.request_count(routes.LIST_JOBS) == 3
+
+
+async def test_a_failed_submission_is_not_retried_blindly(
+    backend: HfJobsBackend, backend_emulator: HfEmulator
+) -> None:
+    backend_emulator.inject("http_error", route=routes.CREATE_JOB, status=500, count=1)
+    with pytest.raises(BackendError) as failure:
+        await backend.submit(_request("k-500"))
+    assert failure.value.transient
+    assert backend_emulator.request_count(routes.CREATE_JOB) == 1
+
+
+async def test_cancel_is_confirmed_only_by_an_inspected_terminal_stage(
+    backend: HfJobsBackend, backend_emulator: HfEmulator
+) -> None:
+    handle = await backend.submit(_request("k-cancel", script="import time; time.sleep(60)"))
+    backend_emulator.wait_for_stage(handle.backend_job_id, ("RUNNING",))
+    backend_emulator.inject("cancel_ignored", job_id=handle.backend_job_id, count=1)
+    assert await backend.cancel(handle) is False
+    assert await backend.cancel(handle) is True
+    assert await backend.cancel(handle) is True  # idempotent: already gone
+
+
+# --- the operator and the faults ---------------------------------------------------------------
+
+
+def _one_job(kubectl: Kubectl, namespace: str, **spec: object) -> dict:
+    apply(kubectl, namespace, episode_manifest("ep1", budget="1.00"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    apply(kubectl, namespace, agentjob_manifest("job1", "ep1", **spec))
+    return wait_phase(kubectl, namespace, "agentjob", "job1", {"Succeeded", "Failed"}, timeout=90)
+
+
+def test_operator_retries_a_failed_create_without_submitting_twice(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
+) -> None:
+    emulator.inject("http_error", route=routes.CREATE_JOB, status=502, count=1)
+    job = _one_job(kubectl, namespace)
+    assert job["status"]["phase"] == "Succeeded"
+    assert emulator.request_count(routes.CREATE_JOB) == 2
+    assert list(emulator.creations_by_label(KEY_LABEL).values()) == [1]
+
+
+def test_operator_adopts_a_job_whose_create_answer_was_lost(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
+) -> None:
+    emulator.inject("lose_response", route=routes.CREATE_JOB, count=1)
+    job = _one_job(kubectl, namespace)
+    assert job["status"]["phase"] == "Succeeded"
+    assert list(emulator.creations_by_label(KEY_LABEL).values()) == [1]
+    assert "not submitting again" in operator.logs()
+
+
+def test_a_job_ending_in_error_fails_with_the_backends_reason(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
+) -> None:
+    emulator.inject("job_error", count=1, message="CUDA out of memory (injected)")
+    job = _one_job(kubectl, namespace)
+    assert (job["status"]["phase"], job["status"]["reason"]) == ("Failed", "JobFailed")
+    assert "CUDA out of memory (injected)" in job["status"]["message"]
+
+
+def test_a_vanished_job_is_backend_lost_and_releases_its_reservation(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
+) -> None:
+    emulator.inject("job_vanish", count=1, seconds=0.5)
+    job = _one_job(kubectl, namespace)
+    assert (job["status"]["phase"], job["status"]["reason"]) == ("Failed", "BackendLost")
+    ledger = wait_for(lambda: (l := kubectl_ledger(kubectl, namespace))["reservedMicroUSD"] == 0 and l)
+    assert ledger["settledMicroUSD"] == 0
+    assert operator.proc is not None and operator.proc.poll() is None, "the operator must not crash"
+
+
+def test_persistent_server_errors_never_crash_the_operator(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
+) -> None:
+    emulator.inject("http_error", status=503, count=None)
+    apply(kubectl, namespace, episode_manifest("ep1"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    apply(kubectl, namespace, agentjob_manifest("job1", "ep1"))
+    wait_for(lambda: "failed temporarily" in operator.logs(), timeout=30, what="a retried failure")
+    assert operator.proc is not None and operator.proc.poll() is None
+    emulator.clear_faults()
+    job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Succeeded"}, timeout=120)
+    assert list(emulator.creations_by_label(KEY_LABEL).values()) == [1]
+    assert job["status"]["phase"] == "Succeeded"
+
+
+def kubectl_ledger(kubectl: Kubectl, namespace: str) -> dict:
+    ledger: dict = get(kubectl, namespace, "episode", "ep1")["status"]["ledger"]
+    return ledger
+
+
+TOKENISH = re.compile(r"(hf_[A-Za-z0-9]{10,}|token|secret)", re.IGNORECASE)
+
+
+def test_the_token_is_only_ever_in_the_authorization_header(
+    kubectl: Kubectl, namespace: str, executing_operator: OperatorProcess, executing_emulator: HfEmulator,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    apply(kubectl, namespace, episode_manifest("ep1", budget="0.05"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    script = "import os, json\nprint(json.dumps(sorted(os.environ)))\n"
+    apply(kubectl, namespace, agentjob_manifest("job1", "ep1", script=script, timeoutSeconds=120))
+    job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Succeeded", "Failed"}, timeout=90)
+    assert job["status"]["phase"] == "Succeeded"
+
+    requests = executing_emulator.requests()
+    assert any(r.route == routes.CREATE_JOB for r in requests)
+    for request in requests:
+        for name, value in request.headers:
+            if HF_TOKEN in value:
+                assert name.lower() == "authorization" and value == f"Bearer {HF_TOKEN}"
+        assert HF_TOKEN not in request.path and HF_TOKEN.encode() not in request.body
+    for create in (r for r in requests if r.route == routes.CREATE_JOB):
+        body = json.loads(create.body)
+        assert not body.get("secrets"), "a job spec carried secrets"
+        for key, value in body["environment"].items():
+            assert not TOKENISH.search(key), key
+            assert not re.search(r"hf_[A-Za-z0-9]{10,}", value), f"{key} looks like a token"
+    # Nor in the job itself, its status, or the operator's logs.
+    job_env_dump = "\n".join(executing_emulator.job(job["status"]["backendJobId"]).get("logs", []))
+    assert HF_TOKEN not in job_env_dump
+    assert HF_TOKEN not in json.dumps(job) and HF_TOKEN not in executing_operator.logs()
+    events = kubectl("-n", namespace, "get", "events", "-o", "json").stdout
+    assert HF_TOKEN not in events

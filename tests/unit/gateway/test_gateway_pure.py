@@ -1,0 +1,162 @@
+"""Pure parts of the gateway: spend and limits from an Episode body, group-commit step counting,
+credential parsing, strict tool arguments, and the wire shapes both OpenEnv generations read."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from starlette.datastructures import Headers
+
+from env_gateway.episode_view import EpisodeView
+from env_gateway.gateway import bearer
+from env_gateway.kube import Conflict
+from env_gateway.openenv import host_allowed, orchestrator_credential
+from env_gateway.schemas import JobsWaitArgs, Outcome, SubmitJobArgs, ToolFailure
+from env_gateway.steps import StepCounter, StepLimitReached
+from env_gateway.wire import mcp_call_result, step_payload
+from graders.registry import get_task
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def episode(steps: int = 0, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ns", "name": "ep", "resourceVersion": "1"},
+        "spec": {"task": "t0_artifact", "budgetUSD": "0.05", "backend": "hf-jobs", "limits": {"maxSteps": 3}},
+        "status": {"steps": steps, **status},
+    }
+
+
+def test_spend_and_limits_come_from_the_ledger_and_the_deadline() -> None:
+    body = episode(
+        steps=1,
+        phase="Running",
+        deadline="2026-01-01T12:00:30Z",
+        ledger={
+            "budgetMicroUSD": 50_000, "reservedMicroUSD": 5_000, "settledMicroUSD": 1_000,
+            "entries": {"a": {"reservedMicroUSD": 5_000}, "b": {"settledMicroUSD": 1_000},
+                        "score": {"platform": True}},
+        },
+    )  # fmt: skip
+    view = EpisodeView.of(body, get_task("t0_artifact"))
+    meta = view.metadata(NOW)
+    assert meta["service_spend"] == {
+        "budget_usd": "0.05", "reserved_usd": "0.005", "settled_usd": "0.001", "remaining_usd": "0.044",
+        "jobs_running": 1,
+    }  # fmt: skip
+    assert meta["steps_left"] == 2 and meta["seconds_left"] == 30
+    assert view.reward is None and not view.done
+
+
+@pytest.mark.parametrize(
+    ("status", "want_done", "want_reward"),
+    [
+        ({"phase": "Completed", "outcome": "Scored", "reward": "1"}, True, 1.0),
+        ({"phase": "Completed", "outcome": "GraderFailed"}, True, None),
+        ({"phase": "Scoring"}, False, None),
+    ],
+    ids=["scored-gives-a-number", "grader-failure-gives-null", "scoring-is-not-done"],
+)
+def test_done_and_reward(status: dict[str, Any], want_done: bool, want_reward: float | None) -> None:
+    view = EpisodeView.of(episode(**status), get_task("t0_artifact"))
+    assert (view.done, view.reward) == (want_done, want_reward)
+
+
+class FakeStore:
+    def __init__(self, steps: int, max_steps: int, conflicts: int = 0) -> None:
+        self.body = episode(steps)
+        self.body["spec"]["limits"]["maxSteps"] = max_steps
+        self.writes: list[int] = []
+        self.conflicts = conflicts
+
+    async def read(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.body
+
+    async def write(self, namespace: str, name: str, current: dict[str, Any], steps: int) -> dict[str, Any]:
+        await asyncio.sleep(0.001)
+        if self.conflicts or current["status"]["steps"] != self.body["status"]["steps"]:
+            self.conflicts = max(0, self.conflicts - 1)
+            self.body = {**self.body, "status": {"steps": self.body["status"]["steps"]}}
+            raise Conflict("moved")
+        self.body = {**self.body, "status": {"steps": steps}}
+        self.writes.append(steps)
+        return self.body
+
+
+async def test_concurrent_steps_are_granted_exactly_up_to_the_limit_in_few_writes() -> None:
+    store = FakeStore(steps=0, max_steps=30)
+    counter = StepCounter(store.read, store.write, lambda b: int(b["spec"]["limits"]["maxSteps"]))
+    results = await asyncio.gather(
+        *(counter.take("ns", "ep", store.body) for _ in range(50)), return_exceptions=True
+    )
+    granted = [r for r in results if isinstance(r, dict)]
+    refused = [r for r in results if isinstance(r, StepLimitReached)]
+    assert len(granted) == 30 and len(refused) == 20
+    assert store.body["status"]["steps"] == 30
+    assert len(store.writes) < 30  # batched: many callers per write
+
+
+async def test_a_conflict_rereads_and_still_counts_exactly() -> None:
+    store = FakeStore(steps=2, max_steps=10, conflicts=2)
+    counter = StepCounter(store.read, store.write, lambda b: int(b["spec"]["limits"]["maxSteps"]))
+    stale = episode(0)
+    written = await counter.take("ns", "ep", stale)
+    assert written["status"]["steps"] == 3
+
+
+def test_credentials_parse_bearer_and_basic_userinfo() -> None:
+    assert bearer("Bearer abc") == "abc" and bearer("bearer abc") == "abc"
+    assert bearer(None) is None and bearer("Basic abc") is None and bearer("Bearer ") is None
+    assert bearer("Bearer " + "x" * 10_000) is None
+    basic = base64.b64encode(b"orchestrator:s3cret").decode()
+    assert orchestrator_credential(Headers({"authorization": f"Basic {basic}"})) == "s3cret"
+    assert orchestrator_credential(Headers({"authorization": "Basic !!!"})) is None
+    assert orchestrator_credential(Headers({})) is None
+
+
+def test_host_allowlist_matches_the_sdk_rule() -> None:
+    patterns = ["127.0.0.1:*", "gateway.svc"]
+    assert host_allowed("127.0.0.1:8000", patterns) and host_allowed("gateway.svc", patterns)
+    assert not host_allowed("127.0.0.1.evil:80", patterns) and not host_allowed("evil", patterns)
+    assert not host_allowed(None, patterns)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"script": "x", "unknown": 1},
+        {"script": "x", "timeout_seconds": "600"},
+        {"script": "x", "timeout_seconds": 30},
+        {"script": ""},
+        {"script": "x" * (256 * 1024 + 1)},
+        {"script": "x", "packages": ["p"] * 33},
+        {"script": "x", "flavor": "GPU; rm -rf"},
+    ],
+    ids=["unknown-key", "string-number", "too-short-timeout", "empty-script", "script-too-big",
+         "too-many-packages", "bad-flavor"],
+)  # fmt: skip
+def test_jobs_submit_arguments_are_strict_and_bounded(args: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        SubmitJobArgs.model_validate(args)
+
+
+def test_jobs_wait_is_bounded_below_the_client_tool_timeout() -> None:
+    with pytest.raises(ValidationError):
+        JobsWaitArgs.model_validate({"timeout_seconds": 26})
+
+
+def test_wire_shapes_carry_metadata_twice_and_a_two_key_error() -> None:
+    ok = Outcome(tool_name="jobs_status", result={"jobs": []}, metadata={"steps_left": 3})
+    payload = step_payload(ok)
+    assert payload["metadata"] == payload["observation"]["metadata"] == {"steps_left": 3}
+    assert payload["observation"]["result"]["data"] == {"jobs": []} and "reward" not in payload["observation"]
+    failed = Outcome(tool_name="x", error=ToolFailure("budget_exceeded", "needs $1", details={"a": 1}))
+    error = step_payload(failed)["observation"]["error"]
+    assert set(error) == {"error_type", "message"} and error["error_type"] == "execution_error"
+    mcp = mcp_call_result(failed)
+    assert mcp["isError"] and mcp["structuredContent"]["error"]["code"] == "budget_exceeded"
