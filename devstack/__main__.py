@@ -1,4 +1,4 @@
-"""`python -m devstack build | cluster up|down|status|env | token NS SA OUT`."""
+"""`python -m devstack build | cluster up|down|status|env | stack up|down|status | token NS SA OUT`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from devstack import cluster
+from devstack import cluster, stack
 from devstack.build import BuildError, ensure_binaries
 
 
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     cl.add_argument("--name", default="default")
     cl.add_argument("--apiserver-port", type=int)
     cl.add_argument("--etcd-port", type=int)
+    st = sub.add_parser("stack", help="the whole system: cluster, HF Jobs emulator, operator, gateway")
+    st.add_argument("action", choices=["up", "down", "status"])
     tok = sub.add_parser("token", help="write a kubeconfig for a ServiceAccount (TokenRequest)")
     tok.add_argument("namespace")
     tok.add_argument("service_account")
@@ -38,6 +40,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             print(ensure_binaries())
+        elif args.command == "stack":
+            if args.action == "up":
+                state = stack.up()
+                episode, token = stack.new_episode(state)
+                print(stack.describe(state))
+                print(f"episode            {stack.DEMO_NAMESPACE}/{episode} (t0_artifact)")
+                print(f"agent token        {token}")
+            elif args.action == "down":
+                stack.down()
+                print("stack stopped and cleaned up")
+            else:
+                running = stack.load()
+                if running is None:
+                    print("the stack is not running")
+                    return 1
+                print(stack.describe(running))
+                for name, pid in running.pids.items():
+                    print(f"{name:18} pid {pid:>7}  {'running' if cluster.is_alive(pid) else 'NOT RUNNING'}")
         elif args.command == "token":
             state = _require_state(args.name)
             print(

@@ -378,7 +378,7 @@ def _processes_naming(path: Path) -> list[int]:
     return found
 
 
-def _stop_pids(pids: list[int]) -> None:
+def stop_pids(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
@@ -405,7 +405,7 @@ def down(name: str = "default") -> None:
         pids += _processes_naming(run_dir)
     # Stop in reverse start order, so the apiserver never sees etcd vanish under a live controller.
     ordered = sorted(set(pids), key=lambda p: -pids.index(p))
-    _stop_pids(ordered)
+    stop_pids(ordered)
     leftovers = [p for p in ordered if is_alive(p)]
     if leftovers:
         raise ClusterError(f"could not stop processes {leftovers}; kill them by hand")

@@ -8,6 +8,7 @@ import json
 from devstack.hf_emulator import HfEmulator
 from tests.conftest import Kubectl
 from tests.integration.conftest import (
+    REPO,
     OperatorProcess,
     agentjob_manifest,
     apply,
@@ -16,18 +17,8 @@ from tests.integration.conftest import (
     wait_phase,
 )
 
-# Sums the `value` of every record per `key`, as t0_artifact asks.
-ARTIFACT_SCRIPT = """
-import json, os, collections
-sums = collections.Counter()
-with open(os.path.join(os.environ["POSTTRAIN_INPUT_RECORDS"], "data.jsonl")) as f:
-    for line in f:
-        record = json.loads(line)
-        sums[record["key"]] += record["value"]
-with open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "answer.json"), "w") as f:
-    json.dump(dict(sums), f)
-print("wrote", len(sums), "keys")
-"""
+# The example solution the scripted agent submits.
+ARTIFACT_SCRIPT = (REPO / "examples" / "t0_artifact_solution.py").read_text()
 WRONG_SCRIPT = """
 import json, os
 with open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "answer.json"), "w") as f:

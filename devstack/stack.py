@@ -1,0 +1,252 @@
+"""The whole system on one machine: the control plane, the HF Jobs emulator (running every job for
+real under the launcher), the operator and the gateway, as background processes.
+
+`python -m devstack stack up` starts what is not running and prints how to reach it;
+`python -m devstack stack down` stops everything, the cluster included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devstack import cluster
+from devstack.build import log
+from devstack.hf_emulator.repos import remove_tree
+from devstack.paths import run_root
+
+REPO = Path(__file__).resolve().parents[1]
+HF_TOKEN = "hf_devstack_emulator_token"
+HF_NAMESPACE = "posttrain-dev"
+BUCKET = f"{HF_NAMESPACE}/posttrain-outputs"
+SYSTEM_NAMESPACE = "posttrain-system"
+GATEWAY_SA = "posttrain-gateway"
+DEMO_NAMESPACE = "posttrain-demo"
+
+
+@dataclass
+class StackState:
+    emulator_url: str
+    gateway_url: str
+    broker_url: str
+    orchestrator_token: str
+    kubeconfig: str
+    data_dir: str
+    pids: dict[str, int]
+
+
+def _state_path() -> Path:
+    return run_root() / "stack.json"
+
+
+def load() -> StackState | None:
+    path = _state_path()
+    return StackState(**json.loads(path.read_text())) if path.exists() else None
+
+
+def _data_dir() -> Path:
+    # Job trees must be reachable by the launcher's uid 10000, so not under a private home directory.
+    path = Path(tempfile.gettempdir()) / f"posttrain-devstack-{os.getuid()}"
+    path.mkdir(exist_ok=True)
+    path.chmod(0o711)
+    return path
+
+
+def _spawn(name: str, argv: list[str], env: dict[str, str], logs: Path) -> int:
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / f"{name}.log", "ab") as out:
+        proc = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=REPO,
+        )  # fmt: skip
+    return proc.pid
+
+
+def _wait_http(url: str, name: str, pid: int, log_file: Path, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not cluster.is_alive(pid):
+            tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-20:])
+            raise cluster.ClusterError(f"{name} exited during start-up. Last log lines:\n{tail}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        time.sleep(0.3)
+    raise cluster.ClusterError(f"{name} did not answer {url} within {timeout:.0f}s")
+
+
+def _kubectl(state: cluster.ClusterState, *args: str, input: str | None = None, check: bool = True) -> str:
+    proc = subprocess.run(
+        [str(state.kubectl()), f"--kubeconfig={state.kubeconfig}", *args],
+        capture_output=True, text=True, input=input, timeout=60,
+    )  # fmt: skip
+    if check and proc.returncode != 0:
+        raise cluster.ClusterError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def up() -> StackState:
+    existing = load()
+    if existing and all(cluster.is_alive(p) for p in existing.pids.values()):
+        log(f"the stack is already running; gateway at {existing.gateway_url}")
+        return existing
+    if existing:
+        log("cleaning up a stack that is partly down")
+        down(keep_cluster=True)
+
+    from graders.assets import materialize_assets
+
+    kube = cluster.up()
+    _kubectl(kube, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    for ns in (SYSTEM_NAMESPACE, DEMO_NAMESPACE):
+        _kubectl(kube, "create", "namespace", ns, check=False)
+    _kubectl(kube, "-n", SYSTEM_NAMESPACE, "create", "serviceaccount", GATEWAY_SA, check=False)
+    log("building or reusing the task assets (tiny model, datasets)")
+    assets = materialize_assets(progress=lambda message: log(message))
+
+    data_dir = _data_dir()
+    logs = run_root() / "stack-logs"
+    python = sys.executable
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAIN_", "GATEWAY_", "HF_"))}
+    base_env.update(KUBECONFIG=str(kube.kubeconfig), HF_HUB_DISABLE_TELEMETRY="1")
+    pids: dict[str, int] = {}
+    try:
+        emulator_port = cluster.free_port()
+        repos = [f"--repo={a.ref.kind}:{a.ref.repo_id}@{a.ref.revision}={a.path}" for a in assets]
+        pids["hf-emulator"] = _spawn(
+            "hf-emulator",
+            [python, "-m", "devstack.hf_emulator", f"--port={emulator_port}", f"--data-dir={data_dir / 'hf'}",
+             f"--token={HF_TOKEN}", f"--namespace={HF_NAMESPACE}", *repos],
+            base_env, logs,
+        )  # fmt: skip
+        emulator_url = f"http://127.0.0.1:{emulator_port}"
+        _wait_http(
+            f"{emulator_url}/_emulator/health",
+            "the HF Jobs emulator",
+            pids["hf-emulator"],
+            logs / "hf-emulator.log",
+        )
+        request = urllib.request.Request(
+            f"{emulator_url}/_emulator/buckets", data=json.dumps({"id": BUCKET}).encode(), method="POST",
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        urllib.request.urlopen(request, timeout=10).close()
+
+        broker_port = cluster.free_port()
+        gateway_user = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{GATEWAY_SA}"
+        operator_env = dict(
+            base_env,
+            POSTTRAIN_HF_ENDPOINT=emulator_url,
+            POSTTRAIN_HF_TOKEN=HF_TOKEN,
+            POSTTRAIN_HF_NAMESPACE=HF_NAMESPACE,
+            POSTTRAIN_HF_BUCKET=BUCKET,
+            POSTTRAIN_POLL_INTERVAL_SECONDS="2",
+            POSTTRAIN_EPISODE_TICK_SECONDS="1",
+            POSTTRAIN_BROKER_HOST="127.0.0.1",
+            POSTTRAIN_BROKER_PORT=str(broker_port),
+            POSTTRAIN_BROKER_ALLOWED_USERS=json.dumps([gateway_user]),
+        )
+        pids["operator"] = _spawn(
+            "operator",
+            # Scoped to the demo namespace, so a shared cluster's other namespaces are left alone.
+            [python, "-m", "kopf", "run", "--standalone", f"--namespace={DEMO_NAMESPACE}", "-m", "posttrain_operator.handlers"],
+            operator_env, logs,
+        )  # fmt: skip
+        broker_url = f"http://127.0.0.1:{broker_port}"
+        _wait_http(f"{broker_url}/healthz", "the operator", pids["operator"], logs / "operator.log")
+
+        sa_kubeconfig = cluster.mint_service_account_kubeconfig(
+            kube, SYSTEM_NAMESPACE, GATEWAY_SA, run_root() / "gateway-sa.kubeconfig", duration="24h"
+        )
+        token_file = run_root() / "gateway-sa.token"
+        token_file.write_text(yaml.safe_load(sa_kubeconfig.read_text())["users"][0]["user"]["token"])
+        token_file.chmod(0o600)
+        orchestrator_token = secrets.token_urlsafe(24)
+        gateway_port = cluster.free_port()
+        gateway_env = dict(
+            base_env,
+            GATEWAY_NAMESPACE=DEMO_NAMESPACE,
+            GATEWAY_ORCHESTRATOR_TOKEN=orchestrator_token,
+            GATEWAY_BROKER_URL=broker_url,
+            GATEWAY_BROKER_TOKEN_FILE=str(token_file),
+        )
+        pids["gateway"] = _spawn(
+            "gateway",
+            [python, "-m", "uvicorn", "env_gateway.main:app_from_env", "--factory", "--host=127.0.0.1",
+             f"--port={gateway_port}", "--ws=websockets-sansio", "--log-level=warning"],
+            gateway_env, logs,
+        )  # fmt: skip
+        gateway_url = f"http://127.0.0.1:{gateway_port}"
+        _wait_http(f"{gateway_url}/health", "the gateway", pids["gateway"], logs / "gateway.log")
+    except BaseException:
+        cluster.stop_pids(list(pids.values()))
+        raise
+    state = StackState(
+        emulator_url=emulator_url,
+        gateway_url=gateway_url,
+        broker_url=broker_url,
+        orchestrator_token=orchestrator_token,
+        kubeconfig=str(kube.kubeconfig),
+        data_dir=str(data_dir),
+        pids=pids,
+    )
+    _state_path().write_text(json.dumps(asdict(state), indent=2))
+    _state_path().chmod(0o600)
+    return state
+
+
+def new_episode(state: StackState, task: str = "t0_artifact") -> tuple[str, str]:
+    """An Episode created the kubectl way, with an agent token whose hash only is stored."""
+    kube = cluster.load_state()
+    assert kube is not None
+    token = secrets.token_urlsafe(32)
+    name = f"{task.replace('_', '-')}-{secrets.token_hex(3)}"
+    manifest: dict[str, Any] = {
+        "apiVersion": "posttrain.dev/v1alpha1",
+        "kind": "Episode",
+        "metadata": {"name": name, "namespace": DEMO_NAMESPACE},
+        "spec": {
+            "task": task,
+            "budgetUSD": "0.25",
+            "backend": "hf-jobs",
+            "agentTokenHash": hashlib.sha256(token.encode()).hexdigest(),
+        },
+    }
+    _kubectl(kube, "apply", "-f", "-", input=json.dumps(manifest))
+    return name, token
+
+
+def down(keep_cluster: bool = False) -> None:
+    state = load()
+    if state is not None:
+        cluster.stop_pids(list(state.pids.values()))
+        with contextlib.suppress(FileNotFoundError):
+            _state_path().unlink()
+        remove_tree(Path(state.data_dir))
+    if not keep_cluster:
+        cluster.down()
+
+
+def describe(state: StackState) -> str:
+    return "\n".join(
+        [
+            f"export KUBECONFIG={state.kubeconfig}",
+            f"gateway            {state.gateway_url}   (MCP at {state.gateway_url}/mcp, OpenEnv /ws)",
+            f"orchestrator token {state.orchestrator_token}",
+            f"HF Jobs emulator   {state.emulator_url}",
+            f"logs               {run_root() / 'stack-logs'}",
+        ]
+    )

@@ -1,0 +1,142 @@
+"""A scripted agent: drives one episode through the gateway's tools, as an LLM agent would.
+
+The orchestrator side resets an episode over OpenEnv `/ws` (and receives the agent's token); the agent
+side uses the official MCP client: submit one training job, check it with `dev_evaluate`, `submit`
+it, and wait for the hidden-split reward.
+
+    python examples/scripted_sft_agent.py --gateway http://127.0.0.1:PORT --orchestrator-token T \
+        --task t0_arithmetic_format
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import websockets
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+EXAMPLES = Path(__file__).resolve().parent
+SOLUTIONS = {
+    "t0_artifact": (EXAMPLES / "t0_artifact_solution.py", 300),
+    "t0_arithmetic_format": (EXAMPLES / "train_arithmetic_sft.py", 1200),
+}
+
+
+@dataclass
+class EpisodeResult:
+    task: str
+    episode: str
+    reward: str | None
+    outcome: str
+    dev_score: str | None
+    spend_usd: str
+    jobs: int
+    wall_seconds: float
+
+
+class ToolError(RuntimeError):
+    pass
+
+
+async def _reset(gateway: str, orchestrator_token: str, task: str) -> dict[str, Any]:
+    ws_url = gateway.replace("http://", "ws://").replace("https://", "wss://") + "/ws"
+    headers = {"Authorization": f"Bearer {orchestrator_token}"}
+    async with websockets.connect(ws_url, additional_headers=headers) as conn:
+        await conn.send(json.dumps({"type": "reset", "data": {"task": task}}))
+        reply = json.loads(await asyncio.wait_for(conn.recv(), 60))
+    if reply.get("type") != "observation":
+        raise ToolError(f"reset failed: {reply}")
+    observation: dict[str, Any] = reply["data"]["observation"]
+    return observation
+
+
+_last_spend: dict[str, str] = {}
+
+
+async def _call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await session.call_tool(tool, arguments)
+    if result.isError or result.structuredContent is None:
+        raise ToolError(f"{tool} failed: {result.structuredContent or result.content}")
+    # Every observation reports spend; keep the latest.
+    _last_spend.update(((result.meta or {}).get("metadata") or {}).get("service_spend") or {})
+    return result.structuredContent
+
+
+async def _wait(session: ClientSession, say: Callable[[str], None], job: str | None = None) -> dict[str, Any]:
+    """Call jobs_wait (each call bounded by the gateway) until the job, or the episode, is finished."""
+    started = time.monotonic()
+    while True:
+        waited = await _call(session, "jobs_wait", **({"job": job} if job else {}), timeout_seconds=20)
+        if waited["finished"]:
+            return waited
+        what = waited.get("job", {}).get("phase", "running") if job else "scoring"
+        say(f"  ... {job or 'episode'} {what} ({time.monotonic() - started:.0f}s)")
+
+
+async def run_episode(
+    gateway: str, orchestrator_token: str, task: str, say: Callable[[str], None] = print
+) -> EpisodeResult:
+    started = time.monotonic()
+    script_path, timeout = SOLUTIONS[task]
+    observation = await _reset(gateway, orchestrator_token, task)
+    token = observation["metadata"]["agent_token"]
+    episode = observation["episode"]
+    say(f"[{task}] episode {episode} started")
+    async with (
+        httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http,
+        streamable_http_client(f"{gateway}/mcp", http_client=http) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        await _call(session, "task_info")
+        submitted = await _call(
+            session, "jobs_submit", script=script_path.read_text(), timeout_seconds=timeout
+        )
+        job = submitted["job"]["name"]
+        say(f"[{task}] training job {job} {submitted['job']['phase']}")
+        trained = await _wait(session, say, job)
+        if trained["job"]["phase"] != "Succeeded":
+            raise ToolError(f"training job ended {trained['job']['phase']}: {trained['job'].get('message')}")
+        dev = await _call(session, "dev_evaluate", job=job)
+        evaluated = await _wait(session, say, dev["job"]["name"])
+        dev_score = (evaluated["job"].get("result") or {}).get("score")
+        say(f"[{task}] dev score {dev_score}; submitting {job}")
+        await _call(session, "submit", job=job)
+        final = await _wait(session, say)
+    return EpisodeResult(
+        task=task,
+        episode=episode,
+        reward=final.get("reward"),
+        outcome=final.get("outcome", "?"),
+        dev_score=dev_score,
+        spend_usd=_last_spend.get("settled_usd", "?"),
+        jobs=3,  # train, devEval, and the hidden-split grader the operator runs
+        wall_seconds=round(time.monotonic() - started, 1),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--gateway", required=True)
+    parser.add_argument("--orchestrator-token", required=True)
+    parser.add_argument("--task", choices=sorted(SOLUTIONS), default="t0_artifact")
+    args = parser.parse_args(argv)
+    result = asyncio.run(run_episode(args.gateway, args.orchestrator_token, args.task))
+    print(json.dumps(asdict(result)))
+    return 0 if result.outcome == "Scored" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
