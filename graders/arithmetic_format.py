@@ -37,7 +37,8 @@ def greedy_completions(
     with torch.no_grad():
         for indices in by_length.values():
             batch = torch.tensor([encoded[index] for index in indices], dtype=torch.long)
-            generated = model.generate(
+            # nn.Module.__getattr__ hides the GenerationMixin signature from mypy.
+            generated = model.generate(  # type: ignore[operator]
                 input_ids=batch,
                 attention_mask=torch.ones_like(batch),
                 max_new_tokens=MAX_NEW_TOKENS,
@@ -49,7 +50,7 @@ def greedy_completions(
                 new_ids = generated[row, batch.shape[1] :].tolist()
                 if eos_id in new_ids:
                     new_ids = new_ids[: new_ids.index(eos_id)]
-                completions[index] = tokenizer.decode(new_ids, skip_special_tokens=False)
+                completions[index] = str(tokenizer.decode(new_ids, skip_special_tokens=False))
     return completions
 
 
@@ -64,7 +65,9 @@ def grade(task: Task, inputs: GraderInputs) -> GraderResult:
     except InvalidCheckpoint as exc:
         return GraderResult.invalid_checkpoint(str(exc), GRADER_VERSION)
     completions = greedy_completions(model, tokenizer, [str(record["prompt"]) for record in records])
-    accuracy, correct, formatted = exact_match_accuracy(completions, [str(record["answer"]) for record in records])
+    accuracy, correct, formatted = exact_match_accuracy(
+        completions, [str(record["answer"]) for record in records]
+    )
     return GraderResult(
         score=accuracy,
         n=len(records),

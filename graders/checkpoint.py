@@ -37,7 +37,9 @@ def base_tensor_shapes(base_dir: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def read_checkpoint_tensors(checkpoint_dir: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+def read_checkpoint_tensors(
+    checkpoint_dir: Path, expected: dict[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
     """Tensors of the checkpoint, after checking names, shapes, dtypes and sizes against `expected`."""
     root = scan_output_tree(checkpoint_dir)
     files = weight_files(root)
@@ -63,9 +65,13 @@ def read_checkpoint_tensors(checkpoint_dir: Path, expected: dict[str, tuple[int,
                 view = handle.get_slice(name)
                 shape = tuple(view.get_shape())
                 if shape != expected[name]:
-                    raise InvalidCheckpoint(f"tensor {name!r} has shape {list(shape)}, expected {list(expected[name])}")
+                    raise InvalidCheckpoint(
+                        f"tensor {name!r} has shape {list(shape)}, expected {list(expected[name])}"
+                    )
                 if view.get_dtype() not in FLOAT_DTYPES:
-                    raise InvalidCheckpoint(f"tensor {name!r} has dtype {view.get_dtype()}, expected a float type")
+                    raise InvalidCheckpoint(
+                        f"tensor {name!r} has dtype {view.get_dtype()}, expected a float type"
+                    )
                 tensors[name] = handle.get_tensor(name)
     if unexpected:
         raise InvalidCheckpoint(f"unexpected tensors: {_names(unexpected)}")
@@ -97,5 +103,5 @@ def load_strict(base_dir: Path, checkpoint_dir: Path) -> tuple[PreTrainedModel, 
     if outcome.unexpected_keys:
         # The names matched the base's files, so this is a mismatch between the base and its own code.
         raise RuntimeError(f"the base model does not accept its own tensors: {outcome.unexpected_keys[:3]}")
-    model.eval()
+    model.train(False)
     return model, tokenizer

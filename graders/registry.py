@@ -128,11 +128,7 @@ class Task(BaseModel):
 
     def grader_script(self) -> str:
         """Python source for a launcher job of role `grader` (the launcher runs a script, not argv)."""
-        return (
-            "import sys\n"
-            "from graders.run import main\n"
-            f"sys.exit(main(['--task', {self.name!r}]))\n"
-        )
+        return f"import sys\nfrom graders.run import main\nsys.exit(main(['--task', {self.name!r}]))\n"
 
 
 def _local(kind: Literal["model", "dataset"], name: str) -> RepoRef:

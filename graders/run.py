@@ -40,7 +40,7 @@ def run_grader(task_name: str, env: Mapping[str, str]) -> GraderResult:
     try:
         task = get_task(task_name)
         inputs = GraderInputs.from_env(env, needs_base_model=task.base_model is not None)
-        module: GraderModule = importlib.import_module(task.grader)  # type: ignore[assignment]
+        module: GraderModule = importlib.import_module(task.grader)
         return module.grade(task, inputs)
     except Exception as exc:
         return GraderResult.error(f"{type(exc).__name__}: {exc}", RUNNER_VERSION)

@@ -86,7 +86,9 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def materialize_assets(assets_dir: Path | None = None, *, progress: Progress | None = None) -> list[LocalRepo]:
+def materialize_assets(
+    assets_dir: Path | None = None, *, progress: Progress | None = None
+) -> list[LocalRepo]:
     """Build (or reuse) every repo the tasks reference; returns them in registry order.
 
     A repo dir only ever appears complete: it is built in a scratch dir and renamed into place.

@@ -49,7 +49,9 @@ def arithmetic_splits() -> dict[str, list[dict[str, Any]]]:
     dev = pairs[ARITHMETIC_HIDDEN_SIZE : ARITHMETIC_HIDDEN_SIZE + ARITHMETIC_DEV_SIZE]
     train = pairs[ARITHMETIC_HIDDEN_SIZE + ARITHMETIC_DEV_SIZE :]
     return {
-        "train": [{"prompt": arithmetic_prompt(a, b), "completion": arithmetic_completion(a + b)} for a, b in train],
+        "train": [
+            {"prompt": arithmetic_prompt(a, b), "completion": arithmetic_completion(a + b)} for a, b in train
+        ],
         "dev": [{"prompt": arithmetic_prompt(a, b), "answer": str(a + b)} for a, b in dev],
         "hidden": [{"prompt": arithmetic_prompt(a, b), "answer": str(a + b)} for a, b in hidden],
     }

@@ -32,7 +32,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         vocab[char] = len(vocab)
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
     backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=backend, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN, unk_token=UNK_TOKEN
     )
 
@@ -58,7 +58,7 @@ def _answer_only_batch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded (input_ids, attention_mask, labels); the loss sees only completion + eos."""
     encoded = [
-        (tokenizer.encode(prompt), tokenizer.encode(completion) + [tokenizer.eos_token_id])
+        (tokenizer.encode(prompt), [*tokenizer.encode(completion), tokenizer.eos_token_id])
         for prompt, completion in pairs
     ]
     width = max(len(p) + len(c) for p, c in encoded)
@@ -99,7 +99,9 @@ def pretrain_base_model(
         optimizer.step()
         schedule.step()
         if progress is not None and (step % 200 == 0 or step == steps):
-            progress(f"pre-train step {step}/{steps} loss {loss.item():.4f} ({time.monotonic() - started:.0f}s)")
-    model.eval()
+            progress(
+                f"pre-train step {step}/{steps} loss {loss.item():.4f} ({time.monotonic() - started:.0f}s)"
+            )
+    model.train(False)
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)

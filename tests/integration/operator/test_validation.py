@@ -80,7 +80,7 @@ def test_task_budget_and_backend_are_immutable(kubectl: Kubectl, namespace: str,
     )
     after = kubectl_json(kubectl, "-n", namespace, "get", "episode", "ep")
     assert after["spec"] == before["spec"]
-    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
 
 
 def test_submission_is_set_once(kubectl: Kubectl, namespace: str, crds: None) -> None:

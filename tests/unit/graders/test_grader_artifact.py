@@ -44,7 +44,9 @@ def test_wrong_answer_scores_zero(inputs: GraderInputs) -> None:
         pytest.param(b"\xff\xfe", "not valid JSON", id="not-utf8"),
     ],
 )
-def test_unreadable_artifact_is_invalid(inputs: GraderInputs, content: bytes | None, want_reason: str) -> None:
+def test_unreadable_artifact_is_invalid(
+    inputs: GraderInputs, content: bytes | None, want_reason: str
+) -> None:
     if content is not None:
         (inputs.checkpoint / ANSWER_FILE).write_bytes(content)
     result = grade(TASK, inputs)

@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -42,11 +43,15 @@ def write_checkpoint(directory: Path, tensors: dict[str, torch.Tensor]) -> Path:
     return directory
 
 
-def test_valid_checkpoint_weights_replace_the_base_weights(base_dir: Path, base_tensors, tmp_path: Path) -> None:
+def test_valid_checkpoint_weights_replace_the_base_weights(
+    base_dir: Path, base_tensors, tmp_path: Path
+) -> None:
     changed = {name: torch.full_like(tensor, 0.25) for name, tensor in base_tensors.items()}
     checkpoint = write_checkpoint(tmp_path / "ckpt", changed)
     # Files other than weights (config, notes) are allowed and never read.
-    (checkpoint / "config.json").write_text(json.dumps({"model_type": "gpt2", "auto_map": {"x": "evil.Model"}}))
+    (checkpoint / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "auto_map": {"x": "evil.Model"}})
+    )
     model, tokenizer = load_strict(base_dir, checkpoint)
     assert type(model).__name__ == "LlamaForCausalLM"
     assert tokenizer.eos_token == "</s>"
@@ -54,9 +59,11 @@ def test_valid_checkpoint_weights_replace_the_base_weights(base_dir: Path, base_
         assert torch.all(tensor == 0.25), name
 
 
-def test_extra_tensor_named_like_a_score_line_is_rejected(base_dir: Path, base_tensors, tmp_path: Path) -> None:
+def test_extra_tensor_named_like_a_score_line_is_rejected(
+    base_dir: Path, base_tensors, tmp_path: Path
+) -> None:
     checkpoint = write_checkpoint(tmp_path / "ckpt", {**base_tensors, "score: 1.0": torch.ones(1)})
-    with pytest.raises(InvalidCheckpoint, match="unexpected tensors: 'score: 1.0'"):
+    with pytest.raises(InvalidCheckpoint, match=re.escape("unexpected tensors: 'score: 1.0'")):
         load_strict(base_dir, checkpoint)
 
 
@@ -82,7 +89,9 @@ def test_integer_tensor_is_rejected(base_dir: Path, base_tensors, tmp_path: Path
         load_strict(base_dir, write_checkpoint(tmp_path / "ckpt", tensors))
 
 
-@pytest.mark.parametrize("pickle_name", ["pytorch_model.bin", "training_args.bin", "sub/optimizer.pt", "x.pkl"])
+@pytest.mark.parametrize(
+    "pickle_name", ["pytorch_model.bin", "training_args.bin", "sub/optimizer.pt", "x.pkl"]
+)
 def test_pickle_file_is_rejected_even_beside_valid_weights(
     base_dir: Path, base_tensors, tmp_path: Path, pickle_name: str
 ) -> None:
@@ -114,7 +123,7 @@ def test_no_safetensors_is_rejected(base_dir: Path, tmp_path: Path) -> None:
     checkpoint = tmp_path / "ckpt"
     (checkpoint / "nested").mkdir(parents=True)
     (checkpoint / "README.md").write_text("weights are elsewhere")
-    with pytest.raises(InvalidCheckpoint, match="no \\*.safetensors"):
+    with pytest.raises(InvalidCheckpoint, match=re.escape("no *.safetensors")):
         load_strict(base_dir, checkpoint)
 
 
@@ -145,7 +154,9 @@ def grader_env(base_dir: Path, checkpoint: Path, split: Path, output: Path) -> d
 @pytest.fixture
 def split_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "split"
-    write_dataset_repo(directory, [{"prompt": "Q: 1+2\nA:", "answer": "3"}, {"prompt": "Q: 10+2\nA:", "answer": "12"}])
+    write_dataset_repo(
+        directory, [{"prompt": "Q: 1+2\nA:", "answer": "3"}, {"prompt": "Q: 10+2\nA:", "answer": "12"}]
+    )
     return directory
 
 

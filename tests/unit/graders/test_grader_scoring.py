@@ -34,7 +34,9 @@ def test_is_correct_needs_the_right_number_in_the_right_format() -> None:
 
 
 def test_exact_match_accuracy_counts_correct_and_formatted() -> None:
-    accuracy, correct, formatted = exact_match_accuracy([" #### 3", " #### 5", "4", " #### 10"], ["3", "4", "4", "10"])
+    accuracy, correct, formatted = exact_match_accuracy(
+        [" #### 3", " #### 5", "4", " #### 10"], ["3", "4", "4", "10"]
+    )
     assert (accuracy, correct, formatted) == (0.5, 2, 3)
 
 
