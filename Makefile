@@ -32,13 +32,26 @@ lock: $(UV) ## Re-resolve uv.lock after changing pyproject.toml
 binaries: venv ## Build (cold, many minutes) or reuse the cached control-plane binaries
 	$(PY) -m devstack build
 
+CHART := helm/posttrain-operator
+HELM = $(shell $(PY) -c 'from devstack.paths import bin_dir; print(bin_dir())')/helm
+HELM_KUBE_VERSION := 1.34.4
+
 .PHONY: manifests
-manifests: venv ## Regenerate the CRDs in crds/ from the pydantic models
+manifests: venv ## Regenerate the CRDs in crds/ from the pydantic models, and their copy in the chart
 	$(PY) -m posttrain_operator.api.crds --write crds
+	rm -f $(CHART)/crds/*.yaml
+	cp crds/*.yaml $(CHART)/crds/
 
 .PHONY: verify
-verify: venv ## Fail if generated files (CRDs) drifted from their source
+verify: venv ## Fail if generated files (CRDs, the chart's copy) drifted from their source
 	$(PY) -m posttrain_operator.api.crds --check crds
+	$(PY) -m posttrain_operator.api.crds --check $(CHART)/crds
+	diff -r crds $(CHART)/crds
+
+.PHONY: helm-lint
+helm-lint: venv binaries ## helm lint --strict the chart at Kubernetes 1.34 and render it with its defaults
+	$(HELM) lint --strict --kube-version $(HELM_KUBE_VERSION) $(CHART)
+	$(HELM) template lint-check $(CHART) --kube-version $(HELM_KUBE_VERSION) > /dev/null
 
 ##@ Test
 
@@ -64,6 +77,20 @@ lint: venv ## ruff (lint + format check) and mypy strict
 fmt: venv ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+##@ Demo and local stack
+
+.PHONY: demo
+demo: venv binaries ## Fresh machine to rewards: stack up, scripted agent on both tasks, table, teardown
+	$(PY) -m devstack.demo
+
+.PHONY: up
+up: venv binaries ## Leave the stack running (cluster, HF emulator, operator, gateway); prints how to reach it
+	$(PY) -m devstack stack up
+
+.PHONY: down
+down: venv ## Stop the stack and the cluster, and remove their state
+	$(PY) -m devstack stack down
 
 ##@ Devstack
 

@@ -149,15 +149,29 @@ class Kube:
                         timeout_seconds=max(1, int(seconds) + 1),
                         allow_watch_bookmarks=False,
                     )
-                    async for event in stream:
-                        obj: Obj = event["object"]
-                        if event["type"] == "DELETED":
+                    try:
+                        async for event in stream:
+                            obj: Obj = event["object"]
+                            if event["type"] == "DELETED":
+                                return None
+                            if event["type"] == "ERROR":
+                                raise WatchExpired(str(obj)[:200])
+                            resource_version = obj["metadata"]["resourceVersion"]
+                            if done(obj):
+                                return obj
+                    except ApiException as exc:
+                        if exc.status != 410:
+                            raise
+                        # An object unchanged for longer than the server keeps history has a
+                        # resourceVersion too old to watch from: restart from the list's, which is now.
+                        listed = await self.custom.list_namespaced_custom_object(
+                            GROUP, VERSION, namespace, plural, field_selector=f"metadata.name={name}"
+                        )
+                        if not listed["items"]:
                             return None
-                        if event["type"] == "ERROR":
-                            raise WatchExpired(str(obj)[:200])
-                        resource_version = obj["metadata"]["resourceVersion"]
-                        if done(obj):
-                            return obj
+                        if done(listed["items"][0]):
+                            return dict(listed["items"][0])
+                        resource_version = listed["metadata"]["resourceVersion"]
         except TimeoutError:
             return None
         finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -39,6 +41,13 @@ class OperatorSettings(BaseSettings):
     pods_enabled: bool = False
     pods_image: str = "localhost/posttrain-launcher:0.1.0"
     pods_flavors: dict[str, PodFlavor] = Field(default_factory=lambda: {"cpu-basic": PodFlavor()})
+    pods_namespace_prefix: str = "pt"  # episode namespaces are "<prefix>-<namespace>-<episode>-<hash>"
+    # The artifact store: one Kubernetes volume source every episode namespace can mount (JSON, e.g.
+    # {"nfs": {"server": "...", "path": "/posttrain"}}), and where this process mounts the same store.
+    pods_store_volume: dict[str, Any] | None = None
+    pods_store_path: str | None = None
+    pods_scratch_size: str = "10Gi"
+    pods_cancel_grace_seconds: int = Field(default=2, ge=0, le=5)
 
     # The internal broker API (logs, artifacts) that only the gateway's ServiceAccount may call.
     broker_host: str = "0.0.0.0"
@@ -60,6 +69,15 @@ class OperatorSettings(BaseSettings):
         if self.hf_token is not None and not self.hf_namespace:
             raise ValueError(
                 "POSTTRAIN_HF_NAMESPACE is required with POSTTRAIN_HF_TOKEN (never guessed by whoami)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _pods_need_a_store(self) -> OperatorSettings:
+        if self.pods_enabled and (self.pods_store_volume is None or not self.pods_store_path):
+            raise ValueError(
+                "POSTTRAIN_PODS_ENABLED needs POSTTRAIN_PODS_STORE_VOLUME and POSTTRAIN_PODS_STORE_PATH "
+                "(the artifact store, as the jobs and as the operator see it)"
             )
         return self
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from posttrain_operator.backends.base import Backend
 from posttrain_operator.backends.hf_jobs import HfJobsBackend, HfJobsConfig, install_client_timeout
+from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Kube, make_api_client
 from posttrain_operator.reconcile.context import Context
@@ -16,7 +17,8 @@ from posttrain_operator.reconcile.context import Context
 log = logging.getLogger(__name__)
 
 
-def build_backends(settings: OperatorSettings) -> dict[str, Backend]:
+def build_backends(settings: OperatorSettings, api_client: Any = None) -> dict[str, Backend]:
+    """`api_client` (a kubernetes_asyncio ApiClient) is needed only by the pods backend."""
     backends: dict[str, Backend] = {}
     if settings.hf_enabled:
         assert settings.hf_token is not None and settings.hf_namespace is not None
@@ -31,6 +33,27 @@ def build_backends(settings: OperatorSettings) -> dict[str, Backend]:
                 instance=settings.instance,
                 http_timeout_s=settings.hf_http_timeout_seconds,
             )
+        )
+    if settings.pods_enabled:
+        assert settings.pods_store_volume is not None and settings.pods_store_path is not None
+        if api_client is None:
+            raise ValueError("the pods backend needs a Kubernetes API client")
+        backends["pods"] = PodsBackend(
+            PodsConfig(
+                image=settings.pods_image,
+                flavors={
+                    name: Flavor(f.cpu, f.memory, f.price_micro_usd_per_minute)
+                    for name, f in settings.pods_flavors.items()
+                },
+                store_volume=settings.pods_store_volume,
+                store_path=settings.pods_store_path,
+                instance=settings.instance,
+                namespace_prefix=settings.pods_namespace_prefix,
+                scratch_size=settings.pods_scratch_size,
+                cancel_grace_seconds=settings.pods_cancel_grace_seconds,
+                max_log_bytes=settings.max_artifact_bytes,
+            ),
+            api_client,
         )
     return backends
 
@@ -76,10 +99,11 @@ class EventRecorder:
 
 
 async def build_context(settings: OperatorSettings) -> Context:
-    kube = Kube(await make_api_client())
+    api_client = await make_api_client()
+    kube = Kube(api_client)
     return Context(
         kube=kube,
-        backends=build_backends(settings),
+        backends=build_backends(settings, api_client),
         settings=settings,
         emit=EventRecorder(kube, settings.instance),
     )

@@ -1,0 +1,224 @@
+"""Operator scale: admission latency and backend polling cost with many active jobs.
+
+    python bench/operator_scale.py [--devstack NAME] [--episodes 200] [--jobs 5] [--window 60]
+
+Against the devstack control plane and the HF Jobs emulator (jobs 'run' for an hour without a
+process, so they all stay active), with the operator as a real `kopf run` process:
+
+- admission latency, AgentJob create -> `Admitted` seen on a watch: p50 / p99, beside a raw API
+  create+get round trip measured in the same run (the ratio says what the operator adds);
+- backend (HF API) requests per minute with few and with all jobs active, and their ratio (the goal
+  is flat: one list call per poll whatever the number of jobs);
+- the operator's resident memory with every job active.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config, watch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "operator"), str(REPO / "launcher_image")]
+
+from devstack import cluster as devcluster  # noqa: E402
+from devstack.hf_emulator.repos import remove_tree  # noqa: E402
+from tests.integration.conftest import (  # noqa: E402
+    OperatorProcess,
+    make_emulator,
+    register_placeholder_repos,
+)
+
+GROUP, VERSION = "posttrain.dev", "v1alpha1"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def raw_round_trips(api: client.ApiClient, namespace: str, count: int) -> list[float]:
+    core = client.CoreV1Api(api)
+    times = []
+    for i in range(count):
+        started = time.perf_counter()
+        await core.create_namespaced_config_map(
+            namespace, {"metadata": {"name": f"probe-{i}"}, "data": {"k": "v"}}
+        )
+        await core.read_namespaced_config_map(f"probe-{i}", namespace)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+async def create_and_time_admissions(
+    api: client.ApiClient, namespace: str, episodes: int, jobs: int, *, first: int = 0, concurrency: int = 16
+) -> tuple[list[float], int]:
+    custom = client.CustomObjectsApi(api)
+    created: dict[str, float] = {}
+    admitted: dict[str, float] = {}
+    rejected = 0
+    total = episodes * jobs
+    done = asyncio.Event()
+
+    async def watch_jobs() -> None:
+        nonlocal rejected
+        w = watch.Watch()
+        async with w.stream(
+            custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentjobs", timeout_seconds=3600
+        ) as stream:
+            async for event in stream:
+                obj = event["object"]
+                name, phase = obj["metadata"]["name"], obj.get("status", {}).get("phase")
+                if name in created and name not in admitted and phase in ("Admitted", "Running", "Rejected"):
+                    admitted[name] = time.perf_counter()
+                    rejected += phase == "Rejected"
+                if len(admitted) == total:
+                    done.set()
+                    return
+
+    watcher = asyncio.create_task(watch_jobs())
+    await asyncio.sleep(0.5)
+    numbers = range(first, first + episodes)
+    for e in numbers:
+        await custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "episodes",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": f"ep{e:03d}"},
+             "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "hf-jobs",
+                      "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200}}},
+        )  # fmt: skip
+    # Let every episode start before any job arrives: this measures admission, not episode start-up.
+    while True:
+        listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
+        if all(i.get("status", {}).get("phase") in ("Running", "Completed") for i in listed["items"]):
+            break
+        await asyncio.sleep(1)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def create(e: int, j: int) -> None:
+        name = f"ep{e:03d}-j{j}"
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentJob", "metadata": {"name": name},
+                "spec": {"episode": f"ep{e:03d}", "purpose": "train", "script": "print(1)",
+                         "flavor": "cpu-basic", "timeoutSeconds": 3600}}  # fmt: skip
+        async with gate:
+            created[name] = time.perf_counter()
+            await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs", body)
+
+    await asyncio.gather(*(create(e, j) for e in numbers for j in range(jobs)))
+    await asyncio.wait_for(done.wait(), timeout=1800)
+    watcher.cancel()
+    return [admitted[n] - created[n] for n in created], rejected
+
+
+async def wait_all_running(api: client.ApiClient, namespace: str, total: int) -> None:
+    custom = client.CustomObjectsApi(api)
+    while True:
+        items = (await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs"))["items"]
+        running = sum(1 for i in items if i.get("status", {}).get("phase") == "Running")
+        if running >= total:
+            return
+        await asyncio.sleep(2)
+
+
+def requests_per_minute(emulator: Any, window: float) -> float:
+    emulator.reset_stats()
+    time.sleep(window)
+    return sum(emulator.request_counts().values()) * 60 / window
+
+
+class Stack:
+    """The cluster (attached or started), an emulator, a namespace and an operator process."""
+
+    def __init__(self, devstack: str | None) -> None:
+        self.devstack = devstack
+
+    async def start(self) -> Stack:
+        attached = devcluster.load_state(self.devstack) if self.devstack else None
+        self.owned = attached is None
+        self.state = attached or devcluster.up("bench")
+        self.namespace = f"bench-{uuid.uuid4().hex[:6]}"
+        self.emulator, self.data_dir = make_emulator(execute=False, simulated_runtime=3600.0)
+        register_placeholder_repos(self.emulator, Path(tempfile.mkdtemp()) / "repos")
+        await config.load_kube_config(str(self.state.kubeconfig))
+        self.api = client.ApiClient()
+        await client.CoreV1Api(self.api).create_namespace({"metadata": {"name": self.namespace}})
+        log_dir = Path(tempfile.mkdtemp(prefix="bench-operator-"))
+        self.operator = OperatorProcess(
+            self.state, self.emulator, log_dir, self.namespace, POSTTRAIN_POLL_INTERVAL_SECONDS="10"
+        ).start()
+        self.operator.wait_ready()
+        return self
+
+    async def stop(self) -> None:
+        self.operator.stop()
+        self.emulator.stop()
+        remove_tree(self.data_dir)
+        await client.CoreV1Api(self.api).delete_namespace(self.namespace)
+        await self.api.close()
+        if self.owned:
+            devcluster.down("bench")
+
+
+async def polling_cost(stack: Stack, episodes: int, jobs: int, window: float, first: int = 0) -> float:
+    """Requests per minute to the HF API once `episodes x jobs` more jobs are active."""
+    await create_and_time_admissions(stack.api, stack.namespace, episodes, jobs, first=first)
+    await wait_all_running(stack.api, stack.namespace, (first + episodes) * jobs)
+    return requests_per_minute(stack.emulator, window)
+
+
+async def run(args: argparse.Namespace) -> None:
+    stack = await Stack(args.devstack).start()
+    try:
+        raw = await raw_round_trips(stack.api, stack.namespace, 50)
+        few_rpm = await polling_cost(stack, 2, 5, args.window)
+        latencies, rejected = await create_and_time_admissions(
+            stack.api, stack.namespace, args.episodes - 2, args.jobs, first=2
+        )
+        active = args.episodes * args.jobs
+        await wait_all_running(stack.api, stack.namespace, active)
+        many_rpm = requests_per_minute(stack.emulator, args.window)
+        rss = rss_mib(stack.operator.proc.pid) if stack.operator.proc else float("nan")
+    finally:
+        await stack.stop()
+    raw_p50 = statistics.median(raw)
+    p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
+    print(
+        f"episodes x jobs          {args.episodes} x {args.jobs} = {active} active jobs ({rejected} rejected)"
+    )
+    print(
+        f"raw API create+get       p50 {raw_p50 * 1000:7.1f} ms   p99 {percentile(raw, 0.99) * 1000:7.1f} ms"
+    )
+    print(f"admission (create->Admitted) p50 {p50 * 1000:7.1f} ms   p99 {p99 * 1000:7.1f} ms")
+    print(f"admission p50 / raw p50  {p50 / raw_p50:7.1f}x")
+    print(f"HF API requests/min      {few_rpm:7.1f} with 10 active jobs, {many_rpm:7.1f} with {active}")
+    print(f"polling cost ratio       {many_rpm / few_rpm:7.2f} ({active // 10}x the jobs)")
+    print(f"operator RSS             {rss:7.1f} MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--devstack", help="attach to this running devstack cluster instead of starting one")
+    parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=5, help="jobs per episode")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds over which requests are counted")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""The pods backend against the real devstack API server, and the operator driving it.
+
+The devstack cluster has no node (no kubelet, no scheduler, no CNI): pods are created, validated
+and admitted (Pod Security included) but stay Pending forever, and NetworkPolicies are stored but
+enforced by nothing. So these tests prove what the API server sees: the order of creation, the
+stored specs, find/adopt, status of a Pending pod, deletion. Running, exit codes, logs of a running
+container and the policy's effect on traffic need a real cluster (tests/e2e).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client, config
+from posttrain_operator.backends.base import BackendError, Handle, JobRequest, OutputMount, RepoMount
+from posttrain_operator.backends.pods import (
+    JOB_UID,
+    KEY_LABEL,
+    MANAGED_LABEL,
+    NETWORK_POLICY,
+    SOURCE_NAMESPACE_LABEL,
+    Flavor,
+    PodsBackend,
+    PodsConfig,
+    episode_namespace,
+    label_value,
+    namespace_body,
+)
+
+from devstack import cluster as devcluster
+from devstack.hf_emulator import HfEmulator
+from tests.conftest import Kubectl
+from tests.helpers import kubectl_json, wait_for
+from tests.integration.conftest import (
+    OperatorProcess,
+    agentjob_manifest,
+    apply,
+    episode_manifest,
+    get,
+    wait_phase,
+)
+
+STORE_VOLUME = {"csi": {"driver": "store.posttrain.example", "volumeAttributes": {"share": "/posttrain"}}}
+
+
+def _config(store: Path) -> PodsConfig:
+    return PodsConfig(
+        image="localhost/posttrain-launcher:test",
+        flavors={"cpu-basic": Flavor("500m", "1Gi", 167)},
+        store_volume=STORE_VOLUME,
+        store_path=str(store),
+        confirm_timeout_seconds=5.0,
+    )
+
+
+@pytest.fixture
+async def backend(cluster: devcluster.ClusterState, tmp_path: Path) -> AsyncIterator[PodsBackend]:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=configuration)
+    async with client.ApiClient(configuration=configuration) as api:
+        yield PodsBackend(_config(tmp_path / "store"), api)
+
+
+@pytest.fixture
+def episode_namespaces(kubectl: Kubectl, namespace: str) -> Iterator[None]:
+    """The episode namespaces the backend makes for the test's namespace, deleted afterwards."""
+    yield
+    kubectl("delete", "namespace", "-l", f"{SOURCE_NAMESPACE_LABEL}={namespace}", "--wait=false", check=False)
+
+
+def _request(namespace: str, key: str, episode: str = "ep1") -> JobRequest:
+    return JobRequest(
+        key=key,
+        namespace=namespace,
+        episode=episode,
+        job_name=key,
+        flavor="cpu-basic",
+        timeout_seconds=600,
+        launcher_spec={"version": 1, "role": "agent", "script": "print(1)", "output_dir": "/outputs"},
+        repos=(RepoMount("dataset", "local/records", "rev1", "/inputs/records"),),
+        outputs=OutputMount(f"{namespace}/{episode}/{key}", "/outputs"),
+    )
+
+
+def _pods_with_key(kubectl: Kubectl, key: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kubectl_json(kubectl, "get", "pods", "-A", "-l", f"{KEY_LABEL}={key}")[
+        "items"
+    ]
+    return items
+
+
+async def test_submit_isolates_the_episode_namespace_before_creating_a_hardened_pod(
+    backend: PodsBackend, kubectl: Kubectl, namespace: str, episode_namespaces: None, tmp_path: Path
+) -> None:
+    handle = await backend.submit(_request(namespace, "aj-first"))
+    ep_ns = episode_namespace("pt", namespace, "ep1")
+    pod_ns, pod_name = handle.backend_job_id.split("/")
+    assert pod_ns == ep_ns and handle.output_prefix == f"{namespace}/ep1/aj-first"
+
+    ns = kubectl_json(kubectl, "get", "namespace", ep_ns)
+    assert ns["metadata"]["labels"][MANAGED_LABEL] == "posttrain-operator"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    policy = kubectl_json(kubectl, "-n", ep_ns, "get", "networkpolicy", NETWORK_POLICY)
+    assert policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    pod = kubectl_json(kubectl, "-n", ep_ns, "get", "pod", pod_name)
+    # resourceVersions are etcd revisions of one store: they order the three creations.
+    versions = [int(o["metadata"]["resourceVersion"]) for o in (ns, policy, pod)]
+    assert versions == sorted(versions), f"namespace, policy, pod created out of order: {versions}"
+
+    # The spec as the API server stored it (and Pod Security "restricted" admitted).
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+    assert spec["restartPolicy"] == "Never" and spec["activeDeadlineSeconds"] == 600
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == JOB_UID
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["resources"]["requests"] == container["resources"]["limits"]
+    assert container["command"] == ["python", "-m", "posttrain_launcher"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert json.loads(env["POSTTRAIN_JOB_SPEC"])["script"] == "print(1)"
+    assert pod["status"]["phase"] == "Pending"  # no node: it never runs here
+
+    out = tmp_path / "store" / "outputs" / namespace / "ep1" / "aj-first"
+    assert out.is_dir() and out.stat().st_uid == JOB_UID  # writable by the job, made before the pod
+
+
+async def test_the_api_server_refuses_a_pod_that_lost_its_hardening(
+    backend: PodsBackend, kubectl: Kubectl, namespace: str, episode_namespaces: None
+) -> None:
+    """Defense in depth: the namespace's Pod Security level, not only our builder, keeps pods hardened."""
+    handle = await backend.submit(_request(namespace, "aj-psa"))
+    ep_ns = handle.backend_job_id.split("/")[0]
+    plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
+             "spec": {"containers": [{"name": "c", "image": "busybox"}]}}  # fmt: skip
+    refused = kubectl(
+        "-n", ep_ns, "apply", "--dry-run=server", "-f", "-", input=json.dumps(plain), check=False
+    )
+    assert refused.returncode != 0 and 'violates PodSecurity "restricted' in refused.stderr
+
+
+async def test_find_by_key_and_a_second_submit_adopts_the_same_pod(
+    backend: PodsBackend, kubectl: Kubectl, namespace: str, episode_namespaces: None
+) -> None:
+    request = _request(namespace, "aj-adopt")
+    assert await backend.find(request.key) is None
+    first = await backend.submit(request)
+    assert await backend.find(request.key) == first
+    again = await backend.submit(request)  # e.g. after a crash between create and status write
+    assert again == first
+    assert len(_pods_with_key(kubectl, label_value(request.key))) == 1
+    assert backend.stats.calls["create_namespaced_pod"] == 2  # the second one got 409 and adopted
+
+
+async def test_status_many_is_one_list_call_and_maps_pending_and_missing_pods(
+    backend: PodsBackend, namespace: str, episode_namespaces: None
+) -> None:
+    handles = [await backend.submit(_request(namespace, f"aj-s{i}")) for i in range(3)]
+    missing = Handle(f"{handles[0].backend_job_id.split('/')[0]}/job-never-made")
+    before = backend.stats.calls.get("list_pod_for_all_namespaces", 0)
+    statuses = await backend.status_many([*handles, missing])
+    assert backend.stats.calls["list_pod_for_all_namespaces"] == before + 1
+    for handle in handles:
+        status = statuses[handle.backend_job_id]
+        assert (status.stage, status.raw_stage, status.started_at) == ("pending", "Pending", None)
+    assert statuses[missing.backend_job_id].stage == "lost"
+
+
+async def test_cancel_deletes_the_pod_and_confirms_it_is_gone(
+    backend: PodsBackend, kubectl: Kubectl, namespace: str, episode_namespaces: None
+) -> None:
+    handle = await backend.submit(_request(namespace, "aj-cancel"))
+    assert await backend.cancel(handle) is True
+    ep_ns, name = handle.backend_job_id.split("/")
+    gone = kubectl("-n", ep_ns, "get", "pod", name, check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+    assert (await backend.status_many([handle]))[handle.backend_job_id].stage == "cancelled"
+    deletes = backend.stats.calls["delete_namespaced_pod"]
+    assert await backend.cancel(handle) is True  # idempotent, and no second delete
+    assert backend.stats.calls["delete_namespaced_pod"] == deletes
+    assert await backend.logs(handle, 10) == []
+
+
+async def test_logs_of_a_pod_that_never_started_are_empty(
+    backend: PodsBackend, namespace: str, episode_namespaces: None
+) -> None:
+    handle = await backend.submit(_request(namespace, "aj-logs"))
+    assert await backend.logs(handle, 10) == []
+
+
+async def test_refuses_a_namespace_that_is_not_this_operators(
+    backend: PodsBackend, kubectl: Kubectl, namespace: str, episode_namespaces: None
+) -> None:
+    ep_ns = episode_namespace("pt", namespace, "ep1")
+    kubectl("create", "namespace", ep_ns)
+    kubectl("label", "namespace", ep_ns, f"{SOURCE_NAMESPACE_LABEL}={namespace}")  # for clean-up only
+    with pytest.raises(BackendError, match="not this operator's namespace") as refused:
+        await backend.submit(_request(namespace, "aj-squat"))
+    assert not refused.value.transient
+    assert _pods_with_key(kubectl, "aj-squat") == []
+
+
+async def test_refuses_to_create_a_pod_when_another_policy_could_allow_traffic(
+    backend: PodsBackend, kubectl: Kubectl, namespace: str, episode_namespaces: None
+) -> None:
+    ep_ns = episode_namespace("pt", namespace, "ep1")
+    kubectl("create", "-f", "-", input=json.dumps(namespace_body(backend.config, ep_ns, namespace, "ep1")))
+    allow_all = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                 "metadata": {"name": "allow-all", "namespace": ep_ns},
+                 "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]}}  # fmt: skip
+    kubectl("create", "-f", "-", input=json.dumps(allow_all))
+    with pytest.raises(BackendError, match="not isolated"):
+        await backend.submit(_request(namespace, "aj-leaky"))
+    assert _pods_with_key(kubectl, "aj-leaky") == []
+    kubectl_json(kubectl, "-n", ep_ns, "get", "networkpolicy", NETWORK_POLICY)  # ours was still made
+
+
+# --- the operator with the pods backend -----------------------------------------------------------
+
+
+@pytest.fixture
+def pods_operator(
+    cluster: devcluster.ClusterState,
+    crds: None,
+    emulator: HfEmulator,
+    tmp_path: Path,
+    namespace: str,
+    episode_namespaces: None,
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(
+        cluster,
+        emulator,
+        tmp_path,
+        namespace,
+        POSTTRAIN_PODS_ENABLED="true",
+        POSTTRAIN_PODS_IMAGE="localhost/posttrain-launcher:test",
+        POSTTRAIN_PODS_STORE_VOLUME=json.dumps(STORE_VOLUME),
+        POSTTRAIN_PODS_STORE_PATH=str(tmp_path / "store"),
+    ).start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        sys.stderr.write(op.logs()[-8000:])
+
+
+def test_operator_runs_a_job_as_a_pod_and_deleting_the_episode_removes_it(
+    kubectl: Kubectl, namespace: str, pods_operator: OperatorProcess
+) -> None:
+    apply(kubectl, namespace, episode_manifest("ep1", backend="pods"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    apply(kubectl, namespace, agentjob_manifest("job1", "ep1"))
+    job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Running"})
+    ep_ns, pod_name = job["status"]["backendJobId"].split("/")
+    assert ep_ns == episode_namespace("pt", namespace, "ep1")
+    pod = kubectl_json(kubectl, "-n", ep_ns, "get", "pod", pod_name)
+    assert pod["metadata"]["annotations"]["posttrain.dev/key"] == job["status"]["idempotencyKey"]
+    assert pod["status"]["phase"] == "Pending"  # no node in devstack
+    # The poller's status_many saw it: the pod's own phase becomes the job's backendStage.
+    wait_for(
+        lambda: get(kubectl, namespace, "agentjob", "job1")["status"].get("backendStage") == "Pending",
+        what="the poller to report the pod's phase",
+    )
+
+    kubectl("-n", namespace, "delete", "episode", "ep1", "--wait=false")
+    wait_for(
+        lambda: kubectl("-n", ep_ns, "get", "pod", pod_name, check=False).returncode != 0,
+        timeout=60,
+        what="the job's pod to be deleted",
+    )
+    wait_for(
+        lambda: kubectl("-n", namespace, "get", "episode", "ep1", check=False).returncode != 0,
+        timeout=60,
+        what="the episode to be gone",
+    )

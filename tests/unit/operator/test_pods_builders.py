@@ -1,0 +1,423 @@
+"""The pods backend's pure parts: names, the hardened pod, the default-deny policy, mounts, the pod
+status mapping, and the operator's own reads of the artifact store (untrusted files)."""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from posttrain_operator.api.models import AgentJobSpec
+from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, RepoMount, UnknownFlavor
+from posttrain_operator.backends.pods import (
+    JOB_UID,
+    KEY_ANNOTATION,
+    KEY_LABEL,
+    STORE_RO_VOLUME,
+    STORE_RW_VOLUME,
+    Flavor,
+    PodsBackend,
+    PodsConfig,
+    dns_name,
+    episode_namespace,
+    is_default_deny,
+    label_value,
+    list_artifacts,
+    namespace_body,
+    network_policy_body,
+    pod_body,
+    pod_name,
+    prepare_output_dir,
+    read_artifact_file,
+    remote_status,
+)
+from posttrain_operator.jobspec import build_request
+
+from graders.registry import get_task
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?$")
+CONFIG = PodsConfig(
+    image="launcher:test",
+    flavors={"cpu-basic": Flavor("1", "2Gi", 167), "cpu-upgrade": Flavor("4", "8Gi", 500)},
+    store_volume={"csi": {"driver": "store.example", "volumeAttributes": {"share": "/posttrain"}}},
+    store_path="/unused",
+)
+
+
+def _request(**overrides: Any) -> JobRequest:
+    fields: dict[str, Any] = {
+        "key": "aj-0b7a2c1e-5b7e-4d0a-9a51-0123456789ab",
+        "namespace": "team-a",
+        "episode": "ep1",
+        "job_name": "job1",
+        "flavor": "cpu-basic",
+        "timeout_seconds": 900,
+        "launcher_spec": {"version": 1, "role": "agent", "script": "print(1)"},
+        "repos": (RepoMount("model", "org/base", "rev1", "/inputs/model"),),
+        "outputs": OutputMount("team-a/ep1/job1", "/outputs"),
+    }
+    fields.update(overrides)
+    return JobRequest(**fields)
+
+
+# --- names -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        ("team-a", "ep1"),
+        ("n" * 63, "e" * 253),
+        ("ns", "episode.with.dots"),
+        ("UPPER", "--weird__chars--"),
+    ],
+    ids=["short", "longest-namespace-and-episode", "dotted-episode", "unsafe-characters"],
+)
+def test_episode_namespace_is_a_deterministic_dns_label(parts: tuple[str, str]) -> None:
+    name = episode_namespace("pt", *parts)
+    assert DNS_LABEL.match(name) and len(name) <= 63
+    assert name == episode_namespace("pt", *parts)
+    assert name.startswith("pt-")
+
+
+def test_names_never_merge_different_inputs() -> None:
+    assert episode_namespace("pt", "a-b", "c") != episode_namespace("pt", "a", "b-c")
+    long = "x" * 80
+    assert dns_name("pt", long + "1") != dns_name("pt", long + "2")  # same truncated head
+    assert pod_name("aj-1") != pod_name("aj-2")
+
+
+def test_pod_name_from_key_is_deterministic_and_valid() -> None:
+    key = _request().key
+    assert pod_name(key) == pod_name(key) and DNS_LABEL.match(pod_name(key))
+    assert DNS_LABEL.match(pod_name("k" * 300))
+
+
+@pytest.mark.parametrize(
+    "text", ["aj-123", "a" * 64, "has/slash", "-leading", "trailing.", "", "ünïcode"],
+    ids=["valid-kept", "too-long", "slash", "leading-dash", "trailing-dot", "empty", "non-ascii"],
+)  # fmt: skip
+def test_label_values_are_always_valid(text: str) -> None:
+    value = label_value(text)
+    assert LABEL_VALUE.match(value) and len(value) <= 63 and value
+    if text == "aj-123":
+        assert value == text
+
+
+# --- the namespace and its NetworkPolicy --------------------------------------------------------
+
+
+def test_network_policy_denies_all_ingress_and_egress_for_every_pod() -> None:
+    policy = network_policy_body(CONFIG, "pt-x")
+    assert policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    assert is_default_deny(policy)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"podSelector": {}, "policyTypes": ["Ingress"]},
+        {"podSelector": {}, "policyTypes": ["Egress"]},
+        {"podSelector": {"matchLabels": {"a": "b"}}, "policyTypes": ["Ingress", "Egress"]},
+        {"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "egress": [{}]},
+        {"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "ingress": [{"from": []}]},
+    ],
+    ids=["ingress-only", "egress-only", "selects-some-pods", "allows-all-egress", "allows-ingress"],
+)
+def test_policies_that_let_traffic_through_are_not_default_deny(spec: dict[str, Any]) -> None:
+    assert not is_default_deny({"spec": spec})
+
+
+@pytest.mark.parametrize(
+    ("volume", "want_level"),
+    [({"csi": {"driver": "d"}}, "restricted"), ({"nfs": {"server": "s", "path": "/p"}}, "baseline")],
+    ids=["csi-store-allows-restricted", "nfs-store-needs-baseline"],
+)
+def test_namespace_enforces_the_strictest_pod_security_level_the_store_allows(
+    volume: dict[str, Any], want_level: str
+) -> None:
+    config = PodsConfig(image="i", flavors={}, store_volume=volume, store_path="/s")
+    labels = namespace_body(config, "pt-x", "team-a", "ep1")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == want_level
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+
+
+@pytest.mark.parametrize(
+    "volume",
+    [
+        {"persistentVolumeClaim": {"claimName": "store"}},
+        {"emptyDir": {}},
+        {"nfs": {"server": "s", "path": "/p"}, "csi": {"driver": "d"}},
+    ],
+    ids=["pvc-is-per-namespace", "emptydir-is-not-shared", "two-sources"],
+)
+def test_store_volumes_that_episode_namespaces_cannot_share_are_refused(volume: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="store volume"):
+        PodsConfig(image="i", flavors={}, store_volume=volume, store_path="/s")
+
+
+# --- the pod --------------------------------------------------------------------------------
+
+
+def _container(pod: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod["spec"]["containers"]
+    result: dict[str, Any] = container
+    return result
+
+
+def test_pod_is_hardened() -> None:
+    pod = pod_body(CONFIG, _request())
+    spec, container = pod["spec"], _container(pod)
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": JOB_UID,
+        "runAsGroup": JOB_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert "fsGroup" not in spec["securityContext"]  # would chown the shared store
+    assert container["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": JOB_UID,
+        "runAsGroup": JOB_UID,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+    assert spec["restartPolicy"] == "Never"
+    assert spec["activeDeadlineSeconds"] == 900
+    assert not (spec["hostNetwork"] or spec["hostPID"] or spec["hostIPC"])
+    assert container["command"] == ["python", "-m", "posttrain_launcher"]
+    assert container["image"] == "launcher:test"
+    assert {"name": "scratch", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": "scratch", "emptyDir": {"sizeLimit": "10Gi"}} in spec["volumes"]
+
+
+def test_pod_env_holds_the_job_spec_and_nothing_secret() -> None:
+    env = {e["name"]: e["value"] for e in _container(pod_body(CONFIG, _request()))["env"]}
+    assert set(env) == {"POSTTRAIN_JOB_SPEC", "HOME"}
+    assert env["POSTTRAIN_JOB_SPEC"] == '{"version":1,"role":"agent","script":"print(1)"}'
+
+
+@pytest.mark.parametrize(
+    ("flavor", "want"),
+    [("cpu-basic", {"cpu": "1", "memory": "2Gi"}), ("cpu-upgrade", {"cpu": "4", "memory": "8Gi"})],
+    ids=["basic", "upgrade"],
+)
+def test_flavor_resources_are_requests_equal_to_limits(flavor: str, want: dict[str, str]) -> None:
+    resources = _container(pod_body(CONFIG, _request(flavor=flavor)))["resources"]
+    assert resources["requests"] == resources["limits"] == {**want, "ephemeral-storage": "10Gi"}
+
+
+def test_unknown_flavor_is_refused_before_anything_is_built() -> None:
+    with pytest.raises(UnknownFlavor, match="cpu-basic, cpu-upgrade"):
+        pod_body(CONFIG, _request(flavor="gpu-h100"))
+
+
+def test_pod_carries_its_key_as_label_and_exact_annotation() -> None:
+    request = _request(key="aj-" + "k" * 100)
+    meta = pod_body(CONFIG, request)["metadata"]
+    assert meta["annotations"][KEY_ANNOTATION] == request.key
+    assert meta["labels"][KEY_LABEL] == label_value(request.key) and len(meta["labels"][KEY_LABEL]) <= 63
+    assert meta["namespace"] == episode_namespace("pt", "team-a", "ep1")
+
+
+def test_mounts_are_exactly_the_requests_subpaths_read_only_except_the_own_outputs() -> None:
+    request = _request(
+        inputs_from=(OutputMount("team-a/ep1/train1", "/inputs/checkpoint", read_only=True),),
+        outputs=OutputMount("team-a/ep1/grade1", "/outputs"),
+    )
+    pod = pod_body(CONFIG, request)
+    mounts = [m for m in _container(pod)["volumeMounts"] if m["name"] != "scratch"]
+    assert [(m["name"], m["mountPath"], m["subPath"], m["readOnly"]) for m in mounts] == [
+        (STORE_RO_VOLUME, "/inputs/model", "repos/model/org/base/rev1", True),
+        (STORE_RO_VOLUME, "/inputs/checkpoint", "outputs/team-a/ep1/train1", True),
+        (STORE_RW_VOLUME, "/outputs", "outputs/team-a/ep1/grade1", False),
+    ]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes[STORE_RO_VOLUME]["csi"]["readOnly"] is True  # read-only at the source too
+    assert "readOnly" not in volumes[STORE_RW_VOLUME]["csi"]
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        _request(repos=(RepoMount("model", "org/../../etc", "r", "/inputs/model"),)),
+        _request(outputs=OutputMount("team-a/../other", "/outputs")),
+        _request(inputs_from=(OutputMount("", "/inputs/checkpoint", read_only=True),)),
+    ],
+    ids=["dotdot-repo", "dotdot-output", "empty-prefix-would-mount-all-outputs"],
+)
+def test_paths_that_could_leave_their_subtree_are_refused(request_: JobRequest) -> None:
+    with pytest.raises(BackendError, match="unsafe store path"):
+        pod_body(CONFIG, request_)
+
+
+def _jobspec_pod(purpose: str) -> dict[str, Any]:
+    task = get_task("t0_arithmetic_format")
+    raw: dict[str, Any] = {"episode": "ep1", "purpose": purpose, "flavor": "cpu-basic", "timeoutSeconds": 600}
+    raw |= {"script": "print(1)"} if purpose == "train" else {"checkpointFrom": "train1"}
+    spec = AgentJobSpec.model_validate(raw)
+    request = build_request(spec=spec, task=task, namespace="team-a", job_name="j", uid="u1")
+    return pod_body(CONFIG, request)
+
+
+@pytest.mark.parametrize(
+    ("purpose", "want_hidden"),
+    [("train", False), ("devEval", False), ("score", True)],
+    ids=["agent-job-never", "dev-eval-never", "score-job-only"],
+)
+def test_hidden_split_is_mounted_only_when_jobspec_asks(purpose: str, want_hidden: bool) -> None:
+    hidden = get_task("t0_arithmetic_format").hidden_split
+    subpaths = {m.get("subPath") for m in _container(_jobspec_pod(purpose))["volumeMounts"]}
+    assert (f"repos/{hidden.kind}/{hidden.repo_id}/{hidden.revision}" in subpaths) is want_hidden
+    assert "" not in subpaths and "outputs" not in subpaths  # never the store's root or all outputs
+
+
+# --- pod status -> RemoteStatus -------------------------------------------------------------------
+
+T0, T1 = "2026-11-29T12:00:00Z", "2026-11-29T12:03:20Z"
+D0, D1 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC), datetime(2026, 11, 29, 12, 3, 20, tzinfo=UTC)
+
+
+def _ended(code: int, reason: str) -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "reason": reason, "startedAt": T0, "finishedAt": T1}}
+
+
+def _pod(phase: str, state: dict[str, Any] | None = None, **status: Any) -> dict[str, Any]:
+    containers = [{"name": "job", "state": state}] if state is not None else []
+    return {"status": {"phase": phase, "containerStatuses": containers, **status}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "want_stage", "want_raw", "want_started", "want_finished", "want_in_message"),
+    [
+        (_pod("Pending"), "pending", "Pending", None, None, ""),
+        (
+            _pod("Pending", {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}),
+            "pending", "Pending/ImagePullBackOff", None, None, "no such image",
+        ),
+        (
+            _pod("Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                          "message": "0/3 nodes have enough memory"}]),
+            "pending", "Pending/Unschedulable", None, None, "enough memory",
+        ),
+        (_pod("Running", {"running": {"startedAt": T0}}), "running", "Running", D0, None, ""),
+        (
+            _pod("Succeeded", _ended(0, "Completed")),
+            "succeeded", "Succeeded", D0, D1, "",
+        ),
+        (
+            _pod("Failed", _ended(3, "Error")),
+            "failed", "Failed/Error", D0, D1, "exited with code 3 (Error)",
+        ),
+        (
+            _pod("Failed", _ended(137, "OOMKilled")),
+            "failed", "Failed/OOMKilled", D0, D1, "code 137 (OOMKilled)",
+        ),
+        (
+            _pod("Failed", {"running": {"startedAt": T0}}, reason="DeadlineExceeded",
+                 message="Pod was active on the node longer than the specified deadline",
+                 conditions=[{"type": "Ready", "status": "False", "lastTransitionTime": T1}]),
+            "failed", "Failed/DeadlineExceeded", D0, D1, "DeadlineExceeded: Pod was active",
+        ),
+        (_pod("Unknown", {"running": {"startedAt": T0}}), "running", "Unknown", D0, None, "not reporting"),
+    ],
+    ids=[
+        "pending-no-node", "pending-image-pull", "pending-unschedulable",
+        "running-bills-from-container-start", "succeeded", "failed-exit-code", "failed-oom",
+        "failed-deadline-without-container-end", "node-unknown",
+    ],
+)  # fmt: skip
+def test_pod_status_maps_to_remote_status(
+    pod: dict[str, Any],
+    want_stage: str,
+    want_raw: str,
+    want_started: datetime | None,
+    want_finished: datetime | None,
+    want_in_message: str,
+) -> None:
+    status = remote_status(pod)
+    assert (status.stage, status.raw_stage) == (want_stage, want_raw)
+    assert (status.started_at, status.finished_at) == (want_started, want_finished)
+    assert want_in_message in status.message
+
+
+# --- price ------------------------------------------------------------------------------------
+
+
+async def test_price_comes_from_settings_and_unknown_flavors_are_clear() -> None:
+    async with client.ApiClient() as api:
+        backend = PodsBackend(CONFIG, api)
+        assert await backend.price("cpu-upgrade") == 500
+        with pytest.raises(UnknownFlavor, match="offers: cpu-basic, cpu-upgrade"):
+            await backend.price("gpu")
+        assert backend.stats.calls == {}  # no API call for a price
+
+
+# --- the artifact store as the operator sees it ----------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    out = tmp_path / "outputs/ns/ep/job"
+    (out / "sub").mkdir(parents=True)
+    (out / "result.json").write_text('{"score": 1}')
+    (out / "sub/model.safetensors").write_bytes(b"x" * 100)
+    (tmp_path / "secret").write_text("operator-only")
+    (out / "link").symlink_to(tmp_path / "secret")
+    (out / "linkdir").symlink_to(tmp_path, target_is_directory=True)
+    os.mkfifo(out / "fifo")
+    return tmp_path
+
+
+def test_output_dir_is_private_to_the_job_user(tmp_path: Path) -> None:
+    if os.geteuid() not in (0, JOB_UID):
+        with pytest.raises(BackendError, match="must run as root or uid 10000"):
+            prepare_output_dir(str(tmp_path), "ns/ep/job")
+        return
+    prepare_output_dir(str(tmp_path), "ns/ep/job")
+    info = (tmp_path / "outputs/ns/ep/job").stat()
+    assert oct(info.st_mode & 0o777) == oct(0o700)
+    assert (info.st_uid, info.st_gid) == (JOB_UID, JOB_UID)
+    prepare_output_dir(str(tmp_path), "ns/ep/job")  # again: a retried submit keeps what is there
+
+
+def test_artifacts_list_regular_files_only(store: Path) -> None:
+    found = list_artifacts(str(store), "ns/ep/job", limit=100)
+    assert [(a.path, a.size) for a in found] == [("result.json", 12), ("sub/model.safetensors", 100)]
+    assert len(list_artifacts(str(store), "ns/ep/job", limit=1)) == 1
+    assert list_artifacts(str(store), "ns/ep/never-ran", limit=100) == []
+
+
+def test_read_artifact_reads_a_regular_file(store: Path) -> None:
+    assert read_artifact_file(str(store), "ns/ep/job", "result.json", 100) == b'{"score": 1}'
+    assert read_artifact_file(str(store), "ns/ep/job", "sub/model.safetensors", 100) == b"x" * 100
+
+
+@pytest.mark.parametrize(
+    ("path", "want_error", "want_match"),
+    [
+        ("link", BackendError, "not a regular file"),
+        ("linkdir/secret", BackendError, "not a regular file"),
+        ("fifo", BackendError, "not a regular file"),
+        ("../../../../secret", BackendError, "unsafe store path"),
+        ("/etc/passwd", BackendError, "unsafe store path"),
+        ("missing.json", FileNotFoundError, "missing.json"),
+        ("sub/model.safetensors", BackendError, "larger than 10 bytes"),
+    ],
+    ids=["symlink", "symlinked-dir", "fifo-never-blocks", "dotdot", "absolute", "missing", "too-big"],
+)
+def test_read_artifact_refuses_what_a_job_could_plant(
+    store: Path, path: str, want_error: type[Exception], want_match: str
+) -> None:
+    with pytest.raises(want_error, match=re.escape(want_match)):
+        read_artifact_file(str(store), "ns/ep/job", path, 10)
