@@ -1,0 +1,102 @@
+"""The chart's RBAC, rule by rule: exactly what each identity needs, nothing more. The integration
+test (tests/integration/helm) shows the same rules are enough for a whole episode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.helm.chart import GATEWAY_SA, NAMESPACE, OPERATOR_SA, PODS, Rule, granted, render
+
+PODS_VALUES = {"pods": PODS, "gateway": {"defaultBackend": "pods"}}
+
+
+def _rules(scope: str, group: str, resource: str, *verbs: str) -> set[Rule]:
+    return {(scope, group, resource, verb) for verb in verbs}
+
+
+FRAMEWORK = _rules("cluster", "apiextensions.k8s.io", "customresourcedefinitions", "list", "watch") | _rules(
+    "cluster", "authentication.k8s.io", "tokenreviews", "create"
+)
+
+
+def application(scope: str) -> set[Rule]:
+    return (
+        _rules(scope, "posttrain.dev", "episodes", "get", "list", "watch", "patch")
+        | _rules(scope, "posttrain.dev", "agentjobs", "get", "list", "watch", "patch", "create")
+        | _rules(scope, "posttrain.dev", "episodes/status", "update")
+        | _rules(scope, "posttrain.dev", "agentjobs/status", "patch")
+        | _rules(scope, "posttrain.dev", "episodes/finalizers", "update")
+        | _rules(scope, "posttrain.dev", "agentjobs/finalizers", "update")
+        | _rules(scope, "", "events", "create")
+        | _rules(scope, "", "secrets", "create", "get")
+    )
+
+
+PODS_BACKEND = (
+    _rules("cluster", "", "namespaces", "get", "create", "delete")
+    | _rules("cluster", "networking.k8s.io", "networkpolicies", "create", "list")
+    | _rules("cluster", "", "pods", "get", "list", "create", "delete")
+    | _rules("cluster", "", "pods/log", "get")
+)
+
+
+def gateway_rules(scope: str) -> set[Rule]:
+    return (
+        _rules(scope, "posttrain.dev", "episodes", "get", "list", "watch", "create", "patch", "delete")
+        | _rules(scope, "posttrain.dev", "episodes/status", "patch")
+        | _rules(scope, "posttrain.dev", "agentjobs", "get", "list", "watch", "create", "delete")
+    )
+
+
+def test_operator_watching_all_namespaces_gets_exactly_its_rules(default_docs: list[dict[str, Any]]) -> None:
+    assert granted(default_docs, OPERATOR_SA) == FRAMEWORK | application("cluster")
+
+
+def test_operator_watching_listed_namespaces_gets_roles_there_only() -> None:
+    docs = render(
+        {"operator": {"watchNamespaces": ["team-a", "team-b"]}, "gateway": {"episodeNamespace": "team-a"}}
+    )
+    namespace_discovery = _rules("cluster", "", "namespaces", "list", "watch")
+    assert granted(docs, OPERATOR_SA) == (
+        FRAMEWORK | namespace_discovery | application("team-a") | application("team-b")
+    )
+
+
+def test_pods_backend_rules_exist_only_when_pods_are_enabled(default_docs: list[dict[str, Any]]) -> None:
+    resources = {r[2] for r in granted(default_docs, OPERATOR_SA)}
+    assert not resources & {"pods", "pods/log", "networkpolicies", "namespaces"}
+    enabled = render(PODS_VALUES)
+    assert granted(enabled, OPERATOR_SA) == FRAMEWORK | application("cluster") | PODS_BACKEND
+
+
+def test_gateway_gets_its_namespace_only_and_no_secrets(default_docs: list[dict[str, Any]]) -> None:
+    assert granted(default_docs, GATEWAY_SA) == gateway_rules(NAMESPACE)
+    elsewhere = render({"gateway": {"episodeNamespace": "episodes"}})
+    assert granted(elsewhere, GATEWAY_SA) == gateway_rules("episodes")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, PODS_VALUES, {"operator": {"watchNamespaces": [NAMESPACE]}}],
+    ids=["defaults", "pods-enabled", "watched-namespaces"],
+)
+def test_no_identity_may_read_secrets_broadly_or_escalate(values: dict[str, Any]) -> None:
+    docs = render(values)
+    for user in (OPERATOR_SA, GATEWAY_SA):
+        rules = granted(docs, user)
+        assert not {
+            r for r in rules if r[2] == "secrets" and r[3] in {"list", "watch", "update", "patch", "delete"}
+        }
+        assert not {r for r in rules if r[3] in {"escalate", "bind", "impersonate"}}
+        assert not {r for r in rules if r[1] == "rbac.authorization.k8s.io"}
+    assert not {r for r in granted(docs, GATEWAY_SA) if r[2] in {"secrets", "agentjobs/status", "pods"}}
+
+
+def test_disabled_gateway_has_no_identity_and_the_broker_trusts_nobody() -> None:
+    docs = render({"gateway": {"enabled": False}})
+    assert granted(docs, GATEWAY_SA) == set()
+    operator = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["POSTTRAIN_BROKER_ALLOWED_USERS"] == "[]"

@@ -1,0 +1,295 @@
+"""What `helm template` renders: locked-down pods, Secrets only by reference, the wiring between the
+operator and the gateway, NetworkPolicies, the admission policy, the test hook, names and CRDs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from posttrain_operator.api import crds
+from posttrain_operator.config import OperatorSettings
+
+from env_gateway.config import GatewaySettings
+from tests.unit.helm.chart import (
+    CHART,
+    FULL,
+    GATEWAY_SA,
+    HF_VALUES,
+    NAMESPACE,
+    OPERATOR_SA,
+    PODS,
+    REPO,
+    container_env,
+    find,
+    main_container,
+    one,
+    pod_specs,
+    render,
+    render_text,
+    run_helm,
+)
+
+SUFFIXES = (
+    "-operator",
+    "-gateway",
+    "-broker",
+    "-operator-framework",
+    "-operator-pods",
+    "-test",
+    "-score-jobs",
+)
+PODS_AND_HF = {**HF_VALUES, "pods": PODS}
+LOCKED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": 10000,
+    "runAsGroup": 10000,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def test_lint_strict_is_clean() -> None:
+    for values in ({}, HF_VALUES, {**HF_VALUES, "pods": PODS}):
+        proc = run_helm("lint", "--strict", "--kube-version", "1.34.4", str(CHART), values=values)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[str, Any]]) -> None:
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in default_docs)
+    assert kinds == sorted([
+        ("ClusterRole", f"{FULL}-operator"),
+        ("ClusterRole", f"{FULL}-operator-framework"),
+        ("ClusterRoleBinding", f"{FULL}-operator"),
+        ("ClusterRoleBinding", f"{FULL}-operator-framework"),
+        ("ConfigMap", f"{FULL}-test"),
+        ("Deployment", f"{FULL}-gateway"),
+        ("Deployment", f"{FULL}-operator"),
+        ("NetworkPolicy", f"{FULL}-gateway"),
+        ("NetworkPolicy", f"{FULL}-operator"),
+        ("Pod", f"{FULL}-test"),
+        ("Role", f"{FULL}-gateway"),
+        ("RoleBinding", f"{FULL}-gateway"),
+        ("Service", f"{FULL}-broker"),
+        ("Service", f"{FULL}-gateway"),
+        ("ServiceAccount", f"{FULL}-gateway"),
+        ("ServiceAccount", f"{FULL}-operator"),
+        ("ValidatingAdmissionPolicy", f"{FULL}-score-jobs"),
+        ("ValidatingAdmissionPolicyBinding", f"{FULL}-score-jobs"),
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize("values", [{}, HF_VALUES], ids=["defaults", "hf-jobs"])
+def test_every_pod_is_locked_down(values: dict[str, Any]) -> None:
+    specs = dict(pod_specs(render(values)))
+    assert set(specs) == {f"{FULL}-operator", f"{FULL}-gateway", f"{FULL}-test"}
+    for name, spec in specs.items():
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["runAsUser"] == 10000, name
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC"), name
+        for container in spec["containers"]:
+            assert container["securityContext"] == LOCKED_CONTAINER, name
+            assert not any(
+                m.get("mountPath", "").startswith("/var/run/docker")
+                for m in container.get("volumeMounts", [])
+            )
+        # The token is mounted where the pod needs the API, and nowhere by default on the accounts.
+        assert spec["automountServiceAccountToken"] is True, name
+    for sa in find(render(values), "ServiceAccount"):
+        assert sa["automountServiceAccountToken"] is False
+
+
+def test_operator_runs_kopf_with_liveness_and_probes(default_docs: list[dict[str, Any]]) -> None:
+    spec = one(default_docs, "Deployment", f"{FULL}-operator")["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    container = spec["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "kopf"]
+    assert container["args"] == [
+        "run", "--standalone", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz",
+        "-m", "posttrain_operator.handlers",
+    ]  # fmt: skip
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"broker": 8081, "health": 8080}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "broker"}
+    watched = render({"operator": {"watchNamespaces": [NAMESPACE, "b"]}})
+    args = one(watched, "Deployment", f"{FULL}-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--namespace={NAMESPACE}" in args and "--namespace=b" in args and "--all-namespaces" not in args
+
+
+def test_pull_policy_can_be_never_and_the_tag_defaults_to_the_app_version() -> None:
+    docs = render({"image": {"repository": "localhost/po", "tag": "", "pullPolicy": "Never"}})
+    for name in ("operator", "gateway"):
+        container = one(docs, "Deployment", f"{FULL}-{name}")["spec"]["template"]["spec"]["containers"][0]
+        assert container["imagePullPolicy"] == "Never"
+        assert container["image"] == "localhost/po:0.1.0"
+
+
+def test_hf_token_is_only_a_secret_reference_and_only_the_operator_gets_it() -> None:
+    text = render_text(HF_VALUES)
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert find(docs, "Secret") == []
+    operator = container_env(main_container(docs, f"{FULL}-operator"))
+    assert operator["POSTTRAIN_HF_TOKEN"] == {
+        "name": "POSTTRAIN_HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+    }  # fmt: skip
+    assert operator["POSTTRAIN_HF_NAMESPACE"]["value"] == "acme"
+    gateway = container_env(main_container(docs, f"{FULL}-gateway"))
+    refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in gateway.values() if "valueFrom" in e]
+    assert refs == [f"{FULL}-orchestrator-token"]  # its own orchestrator token, never the HF one
+    assert not any(k.startswith(("POSTTRAIN_", "HF_")) for k in gateway)
+    # No volume of either pod mounts a Secret.
+    for _, spec in pod_specs(docs):
+        assert not any("secret" in v for v in spec.get("volumes", []))
+
+
+def test_hf_disabled_renders_no_token_reference(default_docs: list[dict[str, Any]]) -> None:
+    operator = container_env(main_container(default_docs, f"{FULL}-operator"))
+    assert "POSTTRAIN_HF_TOKEN" not in operator and operator["POSTTRAIN_PODS_ENABLED"]["value"] == "false"
+
+
+def test_the_broker_trusts_exactly_the_gateway_and_the_gateway_finds_the_broker(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    operator = container_env(main_container(default_docs, f"{FULL}-operator"))
+    assert json.loads(operator["POSTTRAIN_BROKER_ALLOWED_USERS"]["value"]) == [GATEWAY_SA]
+    gateway = one(default_docs, "Deployment", f"{FULL}-gateway")["spec"]["template"]["spec"]
+    assert gateway["serviceAccountName"] == f"{FULL}-gateway"
+    env = container_env(gateway["containers"][0])
+    broker = one(default_docs, "Service", f"{FULL}-broker")
+    port = broker["spec"]["ports"][0]["port"]
+    assert env["GATEWAY_BROKER_URL"]["value"] == f"http://{FULL}-broker.{NAMESPACE}.svc:{port}"
+    assert env["GATEWAY_NAMESPACE"]["value"] == NAMESPACE
+    hosts = json.loads(env["GATEWAY_ALLOWED_HOSTS"]["value"])
+    assert f"{FULL}-gateway.{NAMESPACE}.svc:*" in hosts
+    op_labels = one(default_docs, "Deployment", f"{FULL}-operator")["spec"]["template"]["metadata"]["labels"]
+    assert broker["spec"]["selector"].items() <= op_labels.items()
+
+
+def test_network_policies_admit_only_the_gateway_to_the_broker(default_docs: list[dict[str, Any]]) -> None:
+    labels = {
+        name: one(default_docs, "Deployment", f"{FULL}-{name}")["spec"]["template"]["metadata"]["labels"]
+        for name in ("operator", "gateway")
+    }
+    policy = one(default_docs, "NetworkPolicy", f"{FULL}-operator")["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels["operator"].items()
+    assert not policy["podSelector"]["matchLabels"].items() <= labels["gateway"].items()
+    [rule] = policy["ingress"]
+    [peer] = rule["from"]
+    assert set(peer) == {"podSelector"}  # the gateway's pods, in this namespace only
+    assert peer["podSelector"]["matchLabels"].items() <= labels["gateway"].items()
+    assert not peer["podSelector"]["matchLabels"].items() <= labels["operator"].items()
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8081}]
+    gateway = one(default_docs, "NetworkPolicy", f"{FULL}-gateway")["spec"]
+    assert gateway["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
+    none = render({"gateway": {"enabled": False}})
+    assert one(none, "NetworkPolicy", f"{FULL}-operator")["spec"]["ingress"] == []
+    assert find(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+
+def test_admission_policy_lets_only_the_operator_create_score_jobs(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    policy = one(default_docs, "ValidatingAdmissionPolicy", f"{FULL}-score-jobs")
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["posttrain.dev"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE"],
+            "resources": ["agentjobs"],
+        }
+    ]
+    assert "object.spec.purpose == 'score'" in spec["matchConditions"][0]["expression"]
+    assert [v["expression"] for v in spec["validations"]] == [f"request.userInfo.username == '{OPERATOR_SA}'"]
+    binding = one(default_docs, "ValidatingAdmissionPolicyBinding", f"{FULL}-score-jobs")["spec"]
+    assert binding == {"policyName": f"{FULL}-score-jobs", "validationActions": ["Deny"]}
+    scoped = render({"admissionPolicy": {"enabled": True, "namespaceSelector": {"matchLabels": {"a": "b"}}}})
+    binding = one(scoped, "ValidatingAdmissionPolicyBinding", f"{FULL}-score-jobs")["spec"]
+    assert binding["matchResources"] == {"namespaceSelector": {"matchLabels": {"a": "b"}}}
+
+
+def test_helm_test_hook_dry_runs_an_episode_as_the_gateway(default_docs: list[dict[str, Any]]) -> None:
+    pod = one(default_docs, "Pod", f"{FULL}-test")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] == f"{FULL}-gateway" and spec["restartPolicy"] == "Never"
+    container = spec["containers"][0]
+    assert container["command"] == ["kubectl"]
+    assert "--dry-run=server" in container["args"]
+    config = one(default_docs, "ConfigMap", f"{FULL}-test")
+    assert config["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    episode = yaml.safe_load(config["data"]["episode.yaml"])
+    assert episode["kind"] == "Episode" and episode["metadata"]["namespace"] == NAMESPACE
+    assert episode["spec"] == {"task": "t0_artifact", "budgetUSD": "0.01", "backend": "hf-jobs"}
+    assert spec["volumes"][0]["configMap"]["name"] == config["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    ("release", "values"),
+    [("r" * 53, {}), ("pt", {"fullnameOverride": "f" * 63}), ("pt", {"nameOverride": "n" * 63})],
+    ids=["longest-release", "longest-fullname-override", "longest-name-override"],
+)
+def test_names_and_labels_fit_in_63_characters_and_keep_their_component(
+    release: str, values: dict[str, Any]
+) -> None:
+    docs = render({**values, **PODS_AND_HF}, release=release)
+    names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(set(names)) == len(names)
+    for d in docs:
+        meta = d["metadata"]
+        assert len(meta["name"]) <= 63, meta["name"]
+        assert meta["name"].endswith(SUFFIXES), meta["name"]
+        for value in meta.get("labels", {}).values():
+            assert len(value) <= 63, value
+
+
+def test_chart_crds_are_the_generated_crds() -> None:
+    chart_crds = CHART / "crds"
+    assert crds.main(["--check", str(chart_crds)]) == 0
+    assert sorted(p.name for p in chart_crds.iterdir()) == sorted(p.name for p in (REPO / "crds").iterdir())
+    for path in (REPO / "crds").iterdir():
+        assert (chart_crds / path.name).read_text() == path.read_text(), path.name
+
+
+def test_every_environment_variable_is_a_real_setting() -> None:
+    """A typo in the chart would silently leave a setting at its default: every POSTTRAIN_* and
+    GATEWAY_* variable the chart sets must name a field of the settings it configures."""
+    docs = render({**HF_VALUES, "pods": PODS})
+    operator_env = container_env(main_container(docs, f"{FULL}-operator"))
+    gateway_env = container_env(main_container(docs, f"{FULL}-gateway"))
+    operator_fields = set(OperatorSettings.model_fields)
+    gateway_fields = set(GatewaySettings.model_fields)
+    unknown = [
+        n for n in operator_env if n.startswith("POSTTRAIN_") and n[10:].lower() not in operator_fields
+    ]
+    unknown += [n for n in gateway_env if n.startswith("GATEWAY_") and n[8:].lower() not in gateway_fields]
+    assert unknown == []
+    assert {n for n in operator_env if n.startswith("POSTTRAIN_")} >= {
+        "POSTTRAIN_HF_TOKEN", "POSTTRAIN_HF_NAMESPACE", "POSTTRAIN_HF_ENDPOINT", "POSTTRAIN_HF_IMAGE",
+        "POSTTRAIN_BROKER_PORT", "POSTTRAIN_BROKER_ALLOWED_USERS", "POSTTRAIN_PODS_ENABLED",
+    }  # fmt: skip
+    assert "GATEWAY_ORCHESTRATOR_TOKEN" in gateway_env
+
+
+def test_pods_backend_mounts_its_store_in_the_operator_only_when_enabled(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    spec = one(render(PODS_AND_HF), "Deployment", f"{FULL}-operator")["spec"]["template"]["spec"]
+    assert {"name": "store", "nfs": {"server": "nfs.example", "path": "/store"}} in spec["volumes"]
+    assert {"name": "store", "mountPath": "/store"} in spec["containers"][0]["volumeMounts"]
+    env = container_env(spec["containers"][0])
+    assert json.loads(env["POSTTRAIN_PODS_STORE_VOLUME"]["value"]) == {
+        "nfs": {"server": "nfs.example", "path": "/store"}
+    }
+    assert env["POSTTRAIN_PODS_STORE_PATH"]["value"] == "/store"
+    default = one(default_docs, "Deployment", f"{FULL}-operator")["spec"]["template"]["spec"]
+    assert [v["name"] for v in default["volumes"]] == ["tmp"]

@@ -1,0 +1,80 @@
+"""The values schema refuses what the chart does not know, and the preflight refuses contradictions
+with a message that says how to fix them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.helm.chart import HF_VALUES, render, render_error
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"replicaCount": 2}, "replicaCount"),
+        ({"operator": {"extraArgs": ["--verbose"]}}, "extraArgs"),
+        ({"hfJobs": {"token": "hf_abcdefghijklmnopqrstuvwxyz"}}, "token"),
+        ({"hfJobs": {"tokenSecret": {"name": "hf", "key": "token", "value": "hf_abc"}}}, "value"),
+        ({"gateway": {"orchestratorToken": "s3cret"}}, "orchestratorToken"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"operator": {"watchNamespaces": ["Not_A_Namespace"]}}, "watchNamespaces"),
+        ({"operator": {"resources": {"requests": {"gpu": 1}}}}, "gpu"),
+        ({"networkPolicy": {"gatewayIngressFrom": [{"podSelektor": {}}]}}, "podSelektor"),
+        ({"pods": {"storeVolume": {"persistentVolumeClaim": {"claimName": "x"}}}}, "persistentVolumeClaim"),
+        ({"admissionPolicy": {"namespaceSelector": {"matchLabel": {"a": "b"}}}}, "matchLabel"),
+    ],
+    ids=[
+        "unknown-top-level", "unknown-nested", "token-value-in-values", "secret-value-beside-ref",
+        "orchestrator-token-value", "bad-pull-policy", "bad-namespace", "unknown-resource",
+        "typo-in-network-peer", "store-cannot-be-a-pvc", "typo-in-label-selector",
+    ],
+)  # fmt: skip
+def test_schema_refuses(values: dict[str, Any], complaint: str) -> None:
+    error = render_error(values)
+    assert "values don't meet the specifications of the schema" in error, error
+    assert complaint in error, error
+
+
+def test_schema_accepts_a_full_platform_install() -> None:
+    selector = {"matchExpressions": [{"key": "x", "operator": "Exists"}]}
+    values = {
+        **HF_VALUES,
+        "image": {"repository": "registry.example.com/posttrain", "tag": "0.1.0", "pullPolicy": "Never"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "operator": {"watchNamespaces": ["posttrain-system"], "tolerations": [{"key": "k"}]},
+        "networkPolicy": {"enabled": True, "gatewayIngressFrom": [{"namespaceSelector": selector}]},
+        "admissionPolicy": {"enabled": True, "namespaceSelector": selector},
+    }  # fmt: skip
+    assert render(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"hfJobs": {"enabled": True, "namespace": "acme"}},
+            "hfJobs.enabled is true but hfJobs.tokenSecret.name is empty: create a Secret holding the HF",
+        ),
+        (
+            {"hfJobs": {"enabled": True, "tokenSecret": {"name": "hf-token", "key": "token"}}},
+            "hfJobs.enabled is true but hfJobs.namespace is empty",
+        ),
+        (
+            {"operator": {"watchNamespaces": ["elsewhere"]}},
+            'the gateway creates Episodes in namespace "posttrain-system", which operator.watchNamespaces',
+        ),
+        ({"gateway": {"defaultBackend": "pods"}}, "gateway.defaultBackend is pods but pods.enabled is false"),
+        ({"pods": {"enabled": True}}, "pods.enabled is true but pods.storeVolume is empty"),
+    ],
+    ids=[
+        "hf-without-secret",
+        "hf-without-namespace",
+        "gateway-namespace-unwatched",
+        "pods-default-disabled",
+        "pods-without-store",
+    ],
+)
+def test_preflight_refuses_contradictions(values: dict[str, Any], message: str) -> None:
+    assert message in render_error(values)
