@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
             print(ensure_binaries())
         elif args.command == "stack":
             if args.action == "up":
-                state = stack.up()
-                episode, token = stack.new_episode(state)
-                print(stack.describe(state))
+                running_stack = stack.up()
+                episode, token = stack.new_episode(running_stack)
+                print(stack.describe(running_stack))
                 print(f"episode            {stack.DEMO_NAMESPACE}/{episode} (t0_artifact)")
                 print(f"agent token        {token}")
             elif args.action == "down":

@@ -49,7 +49,8 @@ def main() -> int:
     print(f"{'task':24} {'reward':>7} {'dev':>6} {'spend $':>10} {'jobs':>5} {'wall s':>7}")
     for r in results:
         print(
-            f"{r.task:24} {r.reward or 'null':>7} {r.dev_score or '-':>6} {r.spend_usd:>10} {r.jobs:>5} {r.wall_seconds:>7}"
+            f"{r.task:24} {r.reward or 'null':>7} {r.dev_score or '-':>6} {r.spend_usd:>10} "
+            f"{r.jobs:>5} {r.wall_seconds:>7}"
         )
     print(f"\ntotal wall time {time.monotonic() - started:.0f}s")
     return 1 if failed or len(results) != len(TASKS) else 0

@@ -81,9 +81,8 @@ def _wait_http(url: str, name: str, pid: int, log_file: Path, timeout: float = 9
         if not cluster.is_alive(pid):
             tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-20:])
             raise cluster.ClusterError(f"{name} exited during start-up. Last log lines:\n{tail}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=2):
-                return
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2):
+            return
         time.sleep(0.3)
     raise cluster.ClusterError(f"{name} did not answer {url} within {timeout:.0f}s")
 
@@ -162,7 +161,8 @@ def up() -> StackState:
         pids["operator"] = _spawn(
             "operator",
             # Scoped to the demo namespace, so a shared cluster's other namespaces are left alone.
-            [python, "-m", "kopf", "run", "--standalone", f"--namespace={DEMO_NAMESPACE}", "-m", "posttrain_operator.handlers"],
+            [python, "-m", "kopf", "run", "--standalone", f"--namespace={DEMO_NAMESPACE}",
+             "-m", "posttrain_operator.handlers"],
             operator_env, logs,
         )  # fmt: skip
         broker_url = f"http://127.0.0.1:{broker_port}"

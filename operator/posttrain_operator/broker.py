@@ -42,7 +42,7 @@ async def _authenticated_user(request: web.Request) -> str:
     cached = reviews.get(token)
     if cached is None or time.monotonic() - cached[0] > TOKEN_CACHE_SECONDS:
         ctx = request.app[CTX_KEY]
-        api = client.AuthenticationV1Api(ctx.kube.core.api_client)
+        api = client.AuthenticationV1Api(ctx.kube.api_client)
         review = await api.create_token_review(
             client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))
         )

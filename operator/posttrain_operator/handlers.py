@@ -28,6 +28,11 @@ AGENTJOBS = (GROUP, VERSION, "agentjobs")
 log = logging.getLogger(__name__)
 
 
+def _namespaced(namespace: str | None) -> str:
+    assert namespace is not None, "both kinds are namespaced"
+    return namespace
+
+
 async def _run(step: Awaitable[Any]) -> None:
     """Transient failures become kopf retries; the reconcilers are idempotent, so a retry is safe."""
     try:
@@ -68,8 +73,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.create(*AGENTJOBS)
 @kopf.on.resume(*AGENTJOBS)
-async def agentjob_reconcile(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    await _run(reconcile_agentjob(memo.ctx, namespace, name))
+async def agentjob_reconcile(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name))
 
 
 @kopf.on.event(*AGENTJOBS)
@@ -78,9 +83,10 @@ def agentjob_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> N
 
 
 @kopf.on.delete(*AGENTJOBS)
-async def agentjob_delete(namespace: str, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
-    async with memo.ctx.locks("agentjob", namespace, name):
-        confirmed = await cancel_agentjob(memo.ctx, namespace, name, "Deleted", "the AgentJob was deleted")
+async def agentjob_delete(namespace: str | None, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    ns = _namespaced(namespace)
+    async with memo.ctx.locks("agentjob", ns, name):
+        confirmed = await cancel_agentjob(memo.ctx, ns, name, "Deleted", "the AgentJob was deleted")
     if not confirmed:
         raise kopf.TemporaryError(
             "the backend has not confirmed the cancellation yet", delay=min(300, 5 * 2**retry)
@@ -89,19 +95,19 @@ async def agentjob_delete(namespace: str, name: str, memo: kopf.Memo, retry: int
 
 @kopf.daemon(*EPISODES, cancellation_timeout=10)
 async def episode_tick(
-    namespace: str, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+    namespace: str | None, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
     while not stopped:
         try:
-            await reconcile_episode(memo.ctx, namespace, name)
+            await reconcile_episode(memo.ctx, _namespaced(namespace), name)
         except Exception:
             log.exception("reconciling episode %s/%s failed; retrying", namespace, name)
         await stopped.wait(memo.ctx.settings.episode_tick_seconds)
 
 
 @kopf.on.delete(*EPISODES)
-async def episode_delete(namespace: str, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
-    if not await finalize_episode(memo.ctx, namespace, name):
+async def episode_delete(namespace: str | None, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    if not await finalize_episode(memo.ctx, _namespaced(namespace), name):
         raise kopf.TemporaryError(
             "waiting for the backend to confirm cancellations", delay=min(300, 5 * 2**retry)
         )

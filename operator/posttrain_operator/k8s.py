@@ -24,7 +24,7 @@ class Conflict(RuntimeError):
 
 async def make_api_client() -> client.ApiClient:
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         await config.load_kube_config()
     return client.ApiClient()
@@ -32,6 +32,7 @@ async def make_api_client() -> client.ApiClient:
 
 class Kube:
     def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         # Ledger writers in this process take turns per Episode, so the compare-and-swap only
@@ -112,13 +113,25 @@ class Kube:
         self, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any]:
         body: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, "agentjobs", name, {"status": status}, _content_type=MERGE_PATCH
+            GROUP,
+            VERSION,
+            namespace,
+            "agentjobs",
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
         )
         return body
 
     async def patch_agentjob(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         body: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, namespace, "agentjobs", name, patch, _content_type=MERGE_PATCH
+            GROUP,
+            VERSION,
+            namespace,
+            "agentjobs",
+            name,
+            patch,
+            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
         )
         return body
 
@@ -140,7 +153,7 @@ class Kube:
     async def ensure_secret(self, namespace: str, body: dict[str, Any]) -> bool:
         """Create a Secret unless one of that name exists; True if this call created it."""
         try:
-            await self.core.create_namespaced_secret(namespace, body)
+            await self.core.create_namespaced_secret(namespace, body)  # type: ignore[arg-type]
         except ApiException as exc:
             if exc.status == 409:
                 return False

@@ -73,8 +73,9 @@ def reserve(ledger: Ledger, job: str, amount: int, *, platform: bool = False) ->
                 changed=False,
                 admitted=False,
                 message=(
-                    f"job needs ${micro_to_usd(amount)} reserved (price per minute x timeout minutes) but only "
-                    f"${micro_to_usd(remaining)} of the ${micro_to_usd(ledger.budget_micro_usd)} budget is left "
+                    f"job needs ${micro_to_usd(amount)} reserved (price per minute x timeout minutes) "
+                    f"but only ${micro_to_usd(remaining)} of the ${micro_to_usd(ledger.budget_micro_usd)} "
+                    "budget is left "
                     f"(${micro_to_usd(ledger.settled_micro_usd)} spent, "
                     f"${micro_to_usd(ledger.reserved_micro_usd)} reserved by running jobs)"
                 ),

@@ -93,7 +93,7 @@ class EventRecorder:
             "count": 1,
         }
         try:
-            await self.kube.core.create_namespaced_event(meta["namespace"], event)
+            await self.kube.core.create_namespaced_event(meta["namespace"], event)  # type: ignore[arg-type]
         except Exception as exc:
             log.debug("posting event %s for %s failed: %s", reason, meta["name"], exc)
 

@@ -10,20 +10,19 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from posttrain_launcher.host import job_interpreter
 
 from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets import LocalRepo, materialize_assets
 from graders.registry import all_tasks
-from posttrain_launcher.host import job_interpreter
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json, wait_for
 

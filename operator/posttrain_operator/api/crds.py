@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         elif not (args.check / name).exists() or (args.check / name).read_text() != text:
             drift.append(str(args.check / name))
     if drift:
-        print(f"CRDs out of date (run `make manifests`): {', '.join(drift)}", file=sys.stderr)
+        sys.stderr.write(f"CRDs out of date (run `make manifests`): {', '.join(drift)}\n")
         return 1
     return 0
 

@@ -290,7 +290,7 @@ class HfJobsBackend:
 
         def walk() -> list[ArtifactInfo]:
             try:
-                found = self._fs.find(root, detail=True)
+                found: dict[str, dict[str, Any]] = self._fs.find(root, detail=True)  # type: ignore[assignment]
             except FileNotFoundError:
                 return []
             return [

@@ -7,6 +7,7 @@ job name, the idempotency key is written before any backend call, and `find(key)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -443,12 +444,13 @@ async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, 
     if confirmed:
         await finish_agentjob(ctx, namespace, name, "Cancelled", reason, message, remote)
         return True
+    assert handle is not None  # no handle means nothing to cancel, which counts as confirmed
     if status.phase != "Orphaned":
         orphan = status.model_copy(
             update={
                 "phase": "Orphaned",
                 "reason": cond.CANCEL_UNCONFIRMED,
-                "message": f"the backend did not confirm the cancellation of {handle.backend_job_id}; retrying",
+                "message": f"the backend did not confirm cancelling {handle.backend_job_id}; retrying",
                 "backend_job_id": handle.backend_job_id,
             }
         )
@@ -471,10 +473,8 @@ async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, 
         orphans = [*current.orphaned_jobs, entry]
         return with_orphan_condition(ctx, episode, current.model_copy(update={"orphaned_jobs": orphans}))
 
-    try:
+    with contextlib.suppress(LookupError):  # the episode is gone: nothing to block
         await ctx.kube.update_episode_status(namespace, spec.episode, add_orphan)
-    except LookupError:
-        pass
     return False
 
 

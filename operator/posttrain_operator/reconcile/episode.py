@@ -299,7 +299,7 @@ async def _start_scoring(
             End(
                 "Scored",
                 "0",
-                f"submission {spec.submission.checkpoint_from!r} is not a succeeded train job of this episode",
+                f"submission {spec.submission.checkpoint_from!r} is not a succeeded train job here",
             ),
         )
         return

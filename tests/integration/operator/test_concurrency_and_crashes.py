@@ -12,10 +12,10 @@ from collections import Counter
 from typing import Any
 
 import yaml
+from posttrain_operator.backends.hf_jobs import KEY_LABEL
 
 from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator, routes
-from posttrain_operator.backends.hf_jobs import KEY_LABEL
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json, wait_for
 from tests.integration.conftest import (

@@ -3,7 +3,6 @@ the backend does not confirm leaves an Orphaned job that blocks the namespace un
 
 from __future__ import annotations
 
-
 import pytest
 
 from devstack.hf_emulator import HfEmulator

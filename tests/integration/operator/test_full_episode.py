@@ -40,10 +40,8 @@ def test_t0_artifact_episode_scores_one_when_right(
     assert job["status"]["phase"] == "Succeeded", json.dumps(job["status"])[:2000]
     assert [a["path"] for a in job["status"]["artifacts"]] == ["answer.json"]
 
-    apply(
-        kubectl, namespace,
-        agentjob_manifest("check", "ep1", purpose="devEval", script="", checkpointFrom="answer", timeoutSeconds=300),
-    )  # fmt: skip
+    check = agentjob_manifest("check", "ep1", purpose="devEval", script="", checkpointFrom="answer")
+    apply(kubectl, namespace, check)
     dev = wait_phase(
         kubectl, namespace, "agentjob", "check", {"Succeeded", "Failed", "Rejected"}, timeout=120
     )

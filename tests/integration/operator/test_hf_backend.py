@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, UnknownFlavor
+from posttrain_operator.backends.hf_jobs import KEY_LABEL, HfJobsBackend, HfJobsConfig, install_client_timeout
 
 from devstack.hf_emulator import HfEmulator, routes
 from devstack.hf_emulator.repos import remove_tree
-from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, UnknownFlavor
-from posttrain_operator.backends.hf_jobs import KEY_LABEL, HfJobsBackend, HfJobsConfig, install_client_timeout
 from tests.conftest import Kubectl
 from tests.helpers import wait_for
 from tests.integration.conftest import (
@@ -192,7 +192,7 @@ def test_a_vanished_job_is_backend_lost_and_releases_its_reservation(
     emulator.inject("job_vanish", count=1, seconds=0.5)
     job = _one_job(kubectl, namespace)
     assert (job["status"]["phase"], job["status"]["reason"]) == ("Failed", "BackendLost")
-    ledger = wait_for(lambda: (l := kubectl_ledger(kubectl, namespace))["reservedMicroUSD"] == 0 and l)
+    ledger = wait_for(lambda: (book := kubectl_ledger(kubectl, namespace))["reservedMicroUSD"] == 0 and book)
     assert ledger["settledMicroUSD"] == 0
     assert operator.proc is not None and operator.proc.poll() is None, "the operator must not crash"
 

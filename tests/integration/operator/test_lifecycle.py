@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 
 import yaml
+from posttrain_operator.reconcile.episode import token_hash
 
 from devstack.hf_emulator import HfEmulator
-from posttrain_operator.reconcile.episode import token_hash
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json, wait_for
 from tests.integration.conftest import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from posttrain_operator.api.models import MAX_PACKAGES, MAX_SCRIPT_BYTES
+
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json
 from tests.integration.conftest import agentjob_manifest, episode_manifest

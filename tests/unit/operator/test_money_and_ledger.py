@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from posttrain_operator import ledger
 from posttrain_operator.api.models import Ledger
 from posttrain_operator.api.money import micro_to_usd, usd_to_micro
@@ -22,7 +21,7 @@ def test_usd_to_micro_is_exact(text: str, micro: int) -> None:
 
 @pytest.mark.parametrize("text", ["-1", "abc", "1.0000001", "NaN", "inf", ""])
 def test_usd_to_micro_refuses_bad_amounts(text: str) -> None:
-    with pytest.raises(ValueError, match="dollar amount|decimal"):
+    with pytest.raises(ValueError, match=r"dollar amount|decimal"):
         usd_to_micro(text)
 
 
