@@ -99,7 +99,8 @@ async def create_and_time_admissions(
             GROUP, VERSION, namespace, "episodes",
             {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": f"ep{e:03d}"},
              "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "hf-jobs",
-                      "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200}}},
+                      "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200,
+                                 "maxJobTimeoutSeconds": 3600}}},
         )  # fmt: skip
     # Let every episode start before any job arrives: this measures admission, not episode start-up.
     while True:
@@ -128,8 +129,13 @@ async def wait_all_running(api: client.ApiClient, namespace: str, total: int) ->
     custom = client.CustomObjectsApi(api)
     while True:
         items = (await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs"))["items"]
-        running = sum(1 for i in items if i.get("status", {}).get("phase") == "Running")
-        if running >= total:
+        phases = [i.get("status", {}).get("phase") for i in items]
+        refused = [
+            i["status"].get("message") for i in items if i.get("status", {}).get("phase") == "Rejected"
+        ]
+        if refused:
+            raise RuntimeError(f"{len(refused)} jobs were rejected, e.g.: {refused[0]}")
+        if phases.count("Running") >= total:
             return
         await asyncio.sleep(2)
 
