@@ -147,15 +147,7 @@ async def _write_status(ctx: Context, job: dict[str, Any], status: AgentJobStatu
 def _with_condition(
     ctx: Context, job: dict[str, Any], status: AgentJobStatus, type_: str, ok: bool, reason: str, message: str
 ) -> AgentJobStatus:
-    conditions, _ = cond.set_condition(
-        status.conditions,
-        type_,
-        ok,
-        reason,
-        message,
-        iso(ctx.clock()),
-        int(job["metadata"].get("generation", 1)),
-    )
+    conditions = ctx.set_condition(job, status.conditions, type_, ok, reason, message)
     return status.model_copy(
         update={"conditions": conditions, "observed_generation": job["metadata"].get("generation")}
     )
@@ -480,14 +472,13 @@ async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, 
 
 def with_orphan_condition(ctx: Context, episode: dict[str, Any], status: EpisodeStatus) -> EpisodeStatus:
     names = ", ".join(o.name for o in status.orphaned_jobs)
-    conditions, _ = cond.set_condition(
+    conditions = ctx.set_condition(
+        episode,
         status.conditions,
         cond.ORPHANED,
         bool(status.orphaned_jobs),
         cond.ORPHANED_JOBS if status.orphaned_jobs else "AllConfirmed",
         f"cancellation not confirmed for: {names}" if names else "every cancellation is confirmed",
-        iso(ctx.clock()),
-        int(episode["metadata"].get("generation", 1)),
     )
     return status.model_copy(update={"conditions": conditions})
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from posttrain_operator.api.conditions import set_condition
+from posttrain_operator.api.models import Condition
 from posttrain_operator.backends.base import Backend
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Kube
@@ -51,6 +53,20 @@ class Context:
     clock: Callable[[], datetime] = utcnow
     locks: KeyedLocks = field(default_factory=KeyedLocks)
     emit: EventSink = _no_events
+
+    def set_condition(
+        self,
+        body: dict[str, Any],
+        conditions: list[Condition],
+        type_: str,
+        ok: bool,
+        reason: str,
+        message: str,
+    ) -> list[Condition]:
+        """`conditions` with one set, stamped with this clock and the object's generation."""
+        generation = int(body["metadata"].get("generation", 1))
+        updated, _ = set_condition(conditions, type_, ok, reason, message, iso(self.clock()), generation)
+        return updated
 
     def backend(self, name: str) -> Backend:
         try:

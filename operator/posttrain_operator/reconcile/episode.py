@@ -109,21 +109,6 @@ async def _set(ctx: Context, body: dict[str, Any], **update: Any) -> EpisodeStat
     return status
 
 
-def _condition(
-    ctx: Context, body: dict[str, Any], status: EpisodeStatus, type_: str, ok: bool, reason: str, message: str
-) -> list[Any]:
-    conditions, _ = cond.set_condition(
-        status.conditions,
-        type_,
-        ok,
-        reason,
-        message,
-        iso(ctx.clock()),
-        int(body["metadata"].get("generation", 1)),
-    )
-    return conditions
-
-
 async def reconcile_episode(ctx: Context, namespace: str, name: str) -> None:
     async with ctx.locks("episode", namespace, name):
         body = await ctx.kube.get_episode(namespace, name)
@@ -188,7 +173,9 @@ async def _start(
     blocking = await _blocking_orphans(ctx, namespace, name)
     if blocking:
         message = f"jobs whose cancellation is unconfirmed in this namespace: {', '.join(blocking)}"
-        conditions = _condition(ctx, body, status, cond.BLOCKED, True, cond.ORPHANED_JOBS, message)
+        conditions = ctx.set_condition(
+            body, status.conditions, cond.BLOCKED, True, cond.ORPHANED_JOBS, message
+        )
         if status.phase != "Pending" or conditions != status.conditions:
             await _set(ctx, body, phase="Pending", conditions=conditions)
             ctx.emit(body, "Warning", cond.ORPHANED_JOBS, message)
@@ -199,11 +186,8 @@ async def _start(
     ledger = with_totals(status.ledger.model_copy(update={"budget_micro_usd": usd_to_micro(spec.budget_usd)}))
     conditions = status.conditions
     if any(c.type == cond.BLOCKED for c in conditions):
-        conditions = _condition(ctx, body, status, cond.BLOCKED, False, "NoOrphans", "no orphaned jobs")
-    started = status.model_copy(update={"conditions": conditions})
-    conditions = _condition(
-        ctx, body, started, cond.READY, True, "Started", f"episode started for task {task.name}"
-    )
+        conditions = ctx.set_condition(body, conditions, cond.BLOCKED, False, "NoOrphans", "no orphaned jobs")
+    conditions = ctx.set_condition(body, conditions, cond.READY, True, "Started", f"started task {task.name}")
     await _set(
         ctx,
         body,
@@ -250,7 +234,7 @@ async def _agent_token(ctx: Context, body: dict[str, Any], spec: EpisodeSpec) ->
 
 async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
     status = status_of(EpisodeStatus, body.get("status"))
-    conditions = _condition(ctx, body, status, cond.READY, False, end.outcome, end.message)
+    conditions = ctx.set_condition(body, status.conditions, cond.READY, False, end.outcome, end.message)
     await _set(
         ctx,
         body,
