@@ -55,8 +55,12 @@ helm-lint: venv binaries ## helm lint --strict the chart at Kubernetes 1.34 and 
 
 ##@ Test
 
+.PHONY: preflight
+preflight: venv
+	$(PY) -m devstack.preflight
+
 .PHONY: test
-test: venv binaries ## Everything this machine can run: unit, integration (real control plane), e2e
+test: venv binaries preflight ## Everything this machine can run: unit, integration (real control plane), e2e
 	$(PY) -m pytest tests
 
 .PHONY: test-unit
@@ -64,7 +68,7 @@ test-unit: venv ## Pure-logic tests only, no cluster
 	$(PY) -m pytest tests/unit
 
 .PHONY: test-integration
-test-integration: venv binaries ## Tests against the devstack control plane
+test-integration: venv binaries preflight ## Tests against the devstack control plane
 	$(PY) -m pytest tests/integration
 
 .PHONY: lint
@@ -81,11 +85,11 @@ fmt: venv ## Apply ruff's fixes and formatting
 ##@ Demo and local stack
 
 .PHONY: demo
-demo: venv binaries ## Fresh machine to rewards: stack up, scripted agent on both tasks, table, teardown
+demo: venv binaries preflight ## Fresh machine to rewards: stack up, scripted agent on both tasks, table, teardown
 	$(PY) -m devstack.demo
 
 .PHONY: up
-up: venv binaries ## Leave the stack running (cluster, HF emulator, operator, gateway); prints how to reach it
+up: venv binaries preflight ## Leave the stack running (cluster, HF emulator, operator, gateway); prints how to reach it
 	$(PY) -m devstack stack up
 
 .PHONY: down
