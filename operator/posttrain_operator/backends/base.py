@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 RemoteStage = Literal["pending", "running", "succeeded", "failed", "cancelled", "lost"]
 TERMINAL_STAGES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
@@ -119,3 +119,11 @@ class Backend(Protocol):
     async def artifacts(self, output_prefix: str) -> list[ArtifactInfo]: ...
 
     async def read_artifact(self, output_prefix: str, path: str, max_bytes: int) -> bytes: ...
+
+
+@runtime_checkable
+class SupportsEpisodeCleanup(Protocol):
+    """Backends that hold per-episode resources (the pods backend's namespace) release them here,
+    once every job of the episode is confirmed gone."""
+
+    async def release_episode(self, namespace: str, episode: str) -> bool: ...

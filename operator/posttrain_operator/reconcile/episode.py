@@ -23,7 +23,7 @@ from posttrain_operator.api.models import (
     status_of,
 )
 from posttrain_operator.api.money import usd_to_micro
-from posttrain_operator.backends.base import BackendError
+from posttrain_operator.backends.base import BackendError, SupportsEpisodeCleanup
 from posttrain_operator.ledger import with_totals
 from posttrain_operator.reconcile.agentjob import (
     EPISODE_LABEL,
@@ -246,7 +246,20 @@ async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
         conditions=conditions,
     )
     ctx.emit(body, "Normal" if end.outcome == "Scored" else "Warning", end.outcome, end.message)
-    await cancel_all(ctx, body, cond.EPISODE_ENDED, f"episode ended: {end.message}")
+    if await cancel_all(ctx, body, cond.EPISODE_ENDED, f"episode ended: {end.message}"):
+        await release_backend_resources(ctx, body)
+
+
+async def release_backend_resources(ctx: Context, body: dict[str, Any]) -> None:
+    """Per-episode backend resources go once every job is confirmed gone (best effort: a failure
+    is logged, and deleting the Episode tries again)."""
+    backend = ctx.backends.get(body["spec"]["backend"])
+    if isinstance(backend, SupportsEpisodeCleanup):
+        meta = body["metadata"]
+        try:
+            await backend.release_episode(meta["namespace"], meta["name"])
+        except Exception as exc:
+            log.warning("releasing %s/%s on its backend failed: %s", meta["namespace"], meta["name"], exc)
 
 
 async def cancel_all(
@@ -398,4 +411,7 @@ async def finalize_episode(ctx: Context, namespace: str, name: str) -> bool:
     body = await ctx.kube.get_episode(namespace, name)
     if body is None:
         return True
-    return await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode was deleted")
+    if not await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode was deleted"):
+        return False
+    await release_backend_resources(ctx, body)
+    return True

@@ -280,3 +280,10 @@ def test_operator_runs_a_job_as_a_pod_and_deleting_the_episode_removes_it(
         timeout=60,
         what="the episode to be gone",
     )
+    # With every job confirmed gone, the episode's namespace goes too (it may still be terminating).
+    wait_for(
+        lambda: (ns := kubectl("get", "namespace", ep_ns, "-o", "json", check=False)).returncode != 0
+        or '"deletionTimestamp"' in ns.stdout,
+        timeout=60,
+        what="the episode namespace to be released",
+    )
