@@ -204,7 +204,8 @@ def test_persistent_server_errors_never_crash_the_operator(
     apply(kubectl, namespace, episode_manifest("ep1"))
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
     apply(kubectl, namespace, agentjob_manifest("job1", "ep1"))
-    wait_for(lambda: "failed temporarily" in operator.logs(), timeout=30, what="a retried failure")
+    # Each attempt is retried with backoff inside the backend (about 15 s) before kopf retries it.
+    wait_for(lambda: "failed temporarily" in operator.logs(), timeout=120, what="a retried failure")
     assert operator.proc is not None and operator.proc.poll() is None
     emulator.clear_faults()
     job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Succeeded"}, timeout=120)
