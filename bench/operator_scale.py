@@ -75,21 +75,33 @@ async def create_and_time_admissions(
     total = episodes * jobs
     done = asyncio.Event()
 
-    async def watch_jobs() -> None:
+    def seen(obj: dict[str, Any]) -> None:
         nonlocal rejected
-        w = watch.Watch()
-        async with w.stream(
-            custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentjobs", timeout_seconds=3600
-        ) as stream:
-            async for event in stream:
-                obj = event["object"]
-                name, phase = obj["metadata"]["name"], obj.get("status", {}).get("phase")
-                if name in created and name not in admitted and phase in ("Admitted", "Running", "Rejected"):
-                    admitted[name] = time.perf_counter()
-                    rejected += phase == "Rejected"
-                if len(admitted) == total:
-                    done.set()
-                    return
+        name, phase = obj["metadata"]["name"], obj.get("status", {}).get("phase")
+        if name in created and name not in admitted and phase in ("Admitted", "Running", "Rejected"):
+            admitted[name] = time.perf_counter()
+            rejected += phase == "Rejected"
+        if len(admitted) == total:
+            done.set()
+
+    async def watch_jobs() -> None:
+        """Watch, and after any break (a 410, a dropped stream) re-list and watch on from there."""
+        while not done.is_set():
+            listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs")
+            for obj in listed["items"]:
+                seen(obj)
+            w = watch.Watch()
+            try:
+                async with w.stream(
+                    custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentjobs",
+                    resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=300,
+                ) as stream:  # fmt: skip
+                    async for event in stream:
+                        seen(event["object"])
+                        if done.is_set():
+                            return
+            except Exception as exc:  # a broken watch is re-established, never fatal
+                print(f"(watch restarted after {type(exc).__name__})", file=sys.stderr)
 
     watcher = asyncio.create_task(watch_jobs())
     await asyncio.sleep(0.5)
@@ -120,8 +132,11 @@ async def create_and_time_admissions(
             await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs", body)
 
     await asyncio.gather(*(create(e, j) for e in numbers for j in range(jobs)))
-    await asyncio.wait_for(done.wait(), timeout=1800)
+    finished = asyncio.create_task(done.wait())
+    await asyncio.wait({finished, watcher}, timeout=1800, return_when=asyncio.FIRST_COMPLETED)
     watcher.cancel()
+    if not done.is_set():
+        raise RuntimeError(f"only {len(admitted)} of {total} jobs were seen admitted")
     return [admitted[n] - created[n] for n in created], rejected
 
 

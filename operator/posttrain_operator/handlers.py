@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 from collections.abc import Awaitable
 from typing import Any
@@ -95,11 +96,17 @@ async def agentjob_delete(namespace: str | None, name: str, memo: kopf.Memo, ret
 
 @kopf.daemon(*EPISODES, cancellation_timeout=10)
 async def episode_tick(
-    namespace: str | None, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    stopped: kopf.DaemonStopped,
+    **_: Any,
 ) -> None:
     while not stopped:
         try:
-            await reconcile_episode(memo.ctx, _namespaced(namespace), name)
+            # The body kopf keeps current from the watch: an idle tick costs no API call.
+            await reconcile_episode(memo.ctx, _namespaced(namespace), name, copy.deepcopy(dict(body)))
         except Exception:
             log.exception("reconciling episode %s/%s failed; retrying", namespace, name)
         await stopped.wait(memo.ctx.settings.episode_tick_seconds)

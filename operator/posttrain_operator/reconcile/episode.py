@@ -109,8 +109,14 @@ async def _set(ctx: Context, body: dict[str, Any], **update: Any) -> EpisodeStat
     return status
 
 
-async def reconcile_episode(ctx: Context, namespace: str, name: str) -> None:
+async def reconcile_episode(
+    ctx: Context, namespace: str, name: str, observed: dict[str, Any] | None = None
+) -> None:
+    """One pass over an Episode. `observed` (the watch's latest copy) saves a read on the idle ticks;
+    every write still goes through a compare-and-swap on a fresh read."""
     async with ctx.locks("episode", namespace, name):
+        if observed is not None and await _idle(ctx, observed):
+            return
         body = await ctx.kube.get_episode(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
@@ -136,7 +142,28 @@ async def reconcile_episode(ctx: Context, namespace: str, name: str) -> None:
             await _check_scoring(ctx, body, spec, status, task)
         elif status.phase in ENDED_PHASES and _has_unsettled_jobs(status):
             await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode ended")
-        await collect_orphans(ctx, namespace, name)
+        if status.orphaned_jobs:
+            await collect_orphans(ctx, namespace, name)
+
+
+async def _idle(ctx: Context, observed: dict[str, Any]) -> bool:
+    """Nothing to do for this Episode as last seen: a running one within its limits and without a
+    submission, or an ended one with nothing left to cancel. Anything else is decided on a fresh read."""
+    status = status_of(EpisodeStatus, observed.get("status"))
+    if status.orphaned_jobs or observed["metadata"].get("deletionTimestamp"):
+        return False
+    if status.phase in ENDED_PHASES:
+        return not _has_unsettled_jobs(status)
+    if status.phase != "Running":
+        return False
+    spec = EpisodeSpec.model_validate(observed["spec"])
+    try:
+        task = get_task(spec.task)
+    except UnknownTaskError:
+        return False
+    if spec.submission is not None:
+        return False
+    return limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task)) is None
 
 
 def _has_unsettled_jobs(status: EpisodeStatus) -> bool:
