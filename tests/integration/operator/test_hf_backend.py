@@ -54,8 +54,7 @@ def backend(backend_emulator: HfEmulator) -> HfJobsBackend:
 
 
 def _request(key: str, script: str = "print('hello from the job')") -> JobRequest:
-    """A job whose command the emulator runs as `python -m posttrain_launcher`: here, the launcher's
-    spec is irrelevant, so these backend tests use a short-lived job the emulator can run."""
+    """A short agent job: the emulator runs it under the real launcher (`python -m posttrain_launcher`)."""
     return JobRequest(
         key=key,
         namespace="ns",
