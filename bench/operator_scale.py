@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "operator"), str(REPO / "launcher_image")]
 
 from devstack import cluster as devcluster  # noqa: E402
+from devstack.hf_emulator import routes  # noqa: E402
 from devstack.hf_emulator.repos import remove_tree  # noqa: E402
 from tests.integration.conftest import (  # noqa: E402
     OperatorProcess,
@@ -38,6 +39,7 @@ from tests.integration.conftest import (  # noqa: E402
 )
 
 GROUP, VERSION = "posttrain.dev", "v1alpha1"
+PAGE = 50  # the emulator's list page size
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -66,8 +68,18 @@ async def raw_round_trips(api: client.ApiClient, namespace: str, count: int) -> 
 
 
 async def create_and_time_admissions(
-    api: client.ApiClient, namespace: str, episodes: int, jobs: int, *, first: int = 0, concurrency: int = 16
+    api: client.ApiClient,
+    namespace: str,
+    episodes: int,
+    jobs: int,
+    *,
+    first: int = 0,
+    concurrency: int = 16,
+    pace: float = 0.0,
 ) -> tuple[list[float], int]:
+    """Create `episodes` Episodes, then `jobs` AgentJobs in each (at most `concurrency` creates in
+    flight, `pace` seconds apart), and time each from its create call to the first status a watch
+    sees Admitted (or Running, or Rejected)."""
     custom = client.CustomObjectsApi(api)
     created: dict[str, float] = {}
     admitted: dict[str, float] = {}
@@ -130,6 +142,7 @@ async def create_and_time_admissions(
         async with gate:
             created[name] = time.perf_counter()
             await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs", body)
+            await asyncio.sleep(pace)
 
     await asyncio.gather(*(create(e, j) for e in numbers for j in range(jobs)))
     finished = asyncio.create_task(done.wait())
@@ -172,7 +185,7 @@ class Stack:
         self.owned = attached is None
         self.state = attached or devcluster.up("bench")
         self.namespace = f"bench-{uuid.uuid4().hex[:6]}"
-        self.emulator, self.data_dir = make_emulator(execute=False, simulated_runtime=3600.0)
+        self.emulator, self.data_dir = make_emulator(execute=False, simulated_runtime=3600.0, page_size=PAGE)
         register_placeholder_repos(self.emulator, Path(tempfile.mkdtemp()) / "repos")
         await config.load_kube_config(str(self.state.kubeconfig))
         self.api = client.ApiClient()
@@ -201,33 +214,51 @@ async def polling_cost(stack: Stack, episodes: int, jobs: int, window: float, fi
     return requests_per_minute(stack.emulator, window)
 
 
+def list_requests(emulator: Any) -> tuple[int, int]:
+    """(logical list calls, HTTP pages) the emulator served: a follow-up page carries a cursor."""
+    lists = [r for r in emulator.requests() if r.route == routes.LIST_JOBS]
+    return sum("cursor=" not in r.path for r in lists), len(lists)
+
+
 async def run(args: argparse.Namespace) -> None:
     stack = await Stack(args.devstack).start()
     try:
         raw = await raw_round_trips(stack.api, stack.namespace, 50)
         few_rpm = await polling_cost(stack, 2, 5, args.window)
-        latencies, rejected = await create_and_time_admissions(
+        few_lists = list_requests(stack.emulator)
+        started = time.perf_counter()
+        burst, rejected = await create_and_time_admissions(
             stack.api, stack.namespace, args.episodes - 2, args.jobs, first=2
         )
+        burst_seconds = time.perf_counter() - started
         active = args.episodes * args.jobs
         await wait_all_running(stack.api, stack.namespace, active)
         many_rpm = requests_per_minute(stack.emulator, args.window)
+        many_lists = list_requests(stack.emulator)
+        # New jobs arriving at 5/s while every earlier job is still active: the admission latency a
+        # user sees on a busy operator.
+        probes, _ = await create_and_time_admissions(
+            stack.api, stack.namespace, 10, 5, first=args.episodes, concurrency=1, pace=0.2
+        )
         rss = rss_mib(stack.operator.proc.pid) if stack.operator.proc else float("nan")
     finally:
         await stack.stop()
     raw_p50 = statistics.median(raw)
-    p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
-    print(
-        f"episodes x jobs          {args.episodes} x {args.jobs} = {active} active jobs ({rejected} rejected)"
-    )
-    print(
-        f"raw API create+get       p50 {raw_p50 * 1000:7.1f} ms   p99 {percentile(raw, 0.99) * 1000:7.1f} ms"
-    )
-    print(f"admission (create->Admitted) p50 {p50 * 1000:7.1f} ms   p99 {p99 * 1000:7.1f} ms")
-    print(f"admission p50 / raw p50  {p50 / raw_p50:7.1f}x")
-    print(f"HF API requests/min      {few_rpm:7.1f} with 10 active jobs, {many_rpm:7.1f} with {active}")
-    print(f"polling cost ratio       {many_rpm / few_rpm:7.2f} ({active // 10}x the jobs)")
-    print(f"operator RSS             {rss:7.1f} MiB")
+    p50, p99 = statistics.median(probes), percentile(probes, 0.99)
+    lines = [
+        f"episodes x jobs     {args.episodes} x {args.jobs} = {active} active jobs ({rejected} rejected)",
+        f"raw API create+get  p50 {raw_p50 * 1000:8.1f} ms   p99 {percentile(raw, 0.99) * 1000:8.1f} ms",
+        f"admission           p50 {p50 * 1000:8.1f} ms   p99 {p99 * 1000:8.1f} ms   (50 new jobs at 5/s)",
+        f"admission / raw     {p50 / raw_p50:8.1f}x (p50)",
+        f"burst               {len(burst)} jobs created at once, all admitted in {burst_seconds:.0f} s "
+        f"(p50 {statistics.median(burst):.1f} s, p99 {percentile(burst, 0.99):.1f} s: queueing)",
+        f"HF API requests/min {few_rpm:8.1f} with 10 active jobs, {many_rpm:8.1f} with {active}",
+        f"list calls (pages)  {few_lists[0]} ({few_lists[1]}) with 10, "
+        f"{many_lists[0]} ({many_lists[1]}) with {active}",
+        f"polling cost ratio  {many_rpm / few_rpm:8.2f} for {active // 10}x the jobs (pages of {PAGE})",
+        f"operator RSS        {rss:8.1f} MiB",
+    ]
+    print("\n".join(lines))
 
 
 def main() -> None:
