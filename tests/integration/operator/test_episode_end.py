@@ -20,6 +20,12 @@ from tests.integration.conftest import (
 LONG_JOBS = pytest.mark.parametrize("emulator", [600.0], indirect=True, ids=["jobs-run-10min"])
 
 
+def _count_steps(kubectl: Kubectl, namespace: str, steps: int) -> None:
+    """What the gateway does on every tool call: the step count in the Episode's status."""
+    patch = f'{{"status":{{"steps":{steps}}}}}'
+    kubectl("-n", namespace, "patch", "episode", "ep1", "--subresource=status", "--type=merge", "-p", patch)
+
+
 def _start_with_running_job(kubectl: Kubectl, namespace: str, emulator: HfEmulator, **limits: int) -> str:
     apply(kubectl, namespace, episode_manifest("ep1", budget="0.50", limits=limits))
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
@@ -35,17 +41,7 @@ def test_step_limit_ends_with_reward_zero_and_cancels_jobs(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
 ) -> None:
     backend_id = _start_with_running_job(kubectl, namespace, emulator, maxSteps=3)
-    kubectl(
-        "-n",
-        namespace,
-        "patch",
-        "episode",
-        "ep1",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        '{"status":{"steps":3}}',
-    )
+    _count_steps(kubectl, namespace, 3)
 
     episode = wait_phase(kubectl, namespace, "episode", "ep1", {"Completed"})
     assert episode["status"]["outcome"] == "LimitReached"
@@ -100,17 +96,7 @@ def test_unconfirmed_cancel_orphans_blocks_and_is_collected(
 ) -> None:
     backend_id = _start_with_running_job(kubectl, namespace, emulator, maxSteps=1)
     emulator.inject("cancel_ignored", job_id=backend_id, count=None)
-    kubectl(
-        "-n",
-        namespace,
-        "patch",
-        "episode",
-        "ep1",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        '{"status":{"steps":1}}',
-    )
+    _count_steps(kubectl, namespace, 1)
 
     job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Orphaned"})
     assert job["status"]["reason"] == "CancelUnconfirmed"
