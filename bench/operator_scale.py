@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -184,6 +185,12 @@ class Stack:
         attached = devcluster.load_state(self.devstack) if self.devstack else None
         self.owned = attached is None
         self.state = attached or devcluster.up("bench")
+        await asyncio.to_thread(
+            subprocess.run,
+            [str(self.state.kubectl()), f"--kubeconfig={self.state.kubeconfig}", "apply", "--server-side",
+             "--force-conflicts", "-f", str(REPO / "crds")],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
         self.namespace = f"bench-{uuid.uuid4().hex[:6]}"
         self.emulator, self.data_dir = make_emulator(execute=False, simulated_runtime=3600.0, page_size=PAGE)
         register_placeholder_repos(self.emulator, Path(tempfile.mkdtemp()) / "repos")
