@@ -236,6 +236,8 @@ def down(keep_cluster: bool = False) -> None:
         with contextlib.suppress(FileNotFoundError):
             _state_path().unlink()
         remove_tree(Path(state.data_dir))
+    for leftover in ("gateway-sa.kubeconfig", "gateway-sa.token"):
+        (run_root() / leftover).unlink(missing_ok=True)
     if not keep_cluster:
         cluster.down()
 
