@@ -31,6 +31,13 @@ def _run_job(kubectl: Kubectl, namespace: str, name: str, episode: str, script: 
     return wait_phase(kubectl, namespace, "agentjob", name, {"Succeeded", "Failed", "Rejected"}, timeout=120)
 
 
+def _submit(kubectl: Kubectl, namespace: str, job: str) -> dict:
+    """Set the submission, as the gateway's `submit` does, and wait for the episode's end."""
+    patch = json.dumps({"spec": {"submission": {"checkpointFrom": job}}})
+    kubectl("-n", namespace, "patch", "episode", "ep1", "--type=merge", "-p", patch)
+    return wait_phase(kubectl, namespace, "episode", "ep1", {"Completed", "Failed"}, timeout=180)
+
+
 def test_t0_artifact_episode_scores_one_when_right(
     kubectl: Kubectl, namespace: str, executing_operator: OperatorProcess, executing_emulator: HfEmulator
 ) -> None:
@@ -47,17 +54,7 @@ def test_t0_artifact_episode_scores_one_when_right(
     )
     assert dev["status"]["result"]["status"] == "ok" and dev["status"]["result"]["score"] == "1"
 
-    kubectl(
-        "-n",
-        namespace,
-        "patch",
-        "episode",
-        "ep1",
-        "--type=merge",
-        "-p",
-        '{"spec":{"submission":{"checkpointFrom":"answer"}}}',
-    )
-    episode = wait_phase(kubectl, namespace, "episode", "ep1", {"Completed", "Failed"}, timeout=180)
+    episode = _submit(kubectl, namespace, "answer")
     status = episode["status"]
     assert status["outcome"] == "Scored" and status["reward"] == "1", json.dumps(status)[:2000]
     ledger = status["ledger"]
@@ -77,16 +74,6 @@ def test_t0_artifact_episode_scores_zero_when_wrong(
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
     job = _run_job(kubectl, namespace, "wrong", "ep1", WRONG_SCRIPT)
     assert job["status"]["phase"] == "Succeeded"
-    kubectl(
-        "-n",
-        namespace,
-        "patch",
-        "episode",
-        "ep1",
-        "--type=merge",
-        "-p",
-        '{"spec":{"submission":{"checkpointFrom":"wrong"}}}',
-    )
-    episode = wait_phase(kubectl, namespace, "episode", "ep1", {"Completed", "Failed"}, timeout=180)
+    episode = _submit(kubectl, namespace, "wrong")
     assert episode["status"]["outcome"] == "Scored"
     assert episode["status"]["reward"] == "0"
