@@ -231,6 +231,10 @@ class HfEmulator:
     def release_hangs(self) -> None:
         self.faults.release_hangs()
 
+    def wait_held(self, route: str, count: int = 1, timeout: float = 60.0) -> None:
+        """Until `count` requests of `route` (a `routes.*` key) are held by a `delay` or `hang` fault."""
+        self.faults.wait_held(route, count, timeout)
+
     # -- observation --------------------------------------------------------------------------
 
     def request_counts(self) -> dict[str, int]:

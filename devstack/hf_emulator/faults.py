@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -74,6 +75,10 @@ class FaultBook:
         self._faults: list[Fault] = []
         self._ids = itertools.count(1)
         self._release = threading.Event()
+        # Requests a `delay` or `hang` is holding right now, by route: tests wait on this state
+        # (for example "a job creation is in flight") instead of guessing how long it lasts.
+        self._held: dict[str, int] = {}
+        self._held_changed = threading.Condition(self._lock)
 
     def add(self, fault: Fault) -> Fault:
         with self._lock:
@@ -121,9 +126,26 @@ class FaultBook:
                     return fault
         return None
 
-    def wait_hang(self, max_seconds: float) -> None:
-        """Block a request until `release_hangs()` (or `clear()`) or `max_seconds`."""
-        self._release.wait(max_seconds)
+    def hold(self, route_key: str, fault: Fault) -> None:
+        """Hold a request for a `delay` (its seconds) or a `hang` (until released or its maximum)."""
+        with self._lock:
+            self._held[route_key] = self._held.get(route_key, 0) + 1
+            self._held_changed.notify_all()
+        try:
+            if fault.kind == "delay":
+                time.sleep(fault.seconds)
+            else:
+                self._release.wait(fault.seconds or 300.0)
+        finally:
+            with self._lock:
+                self._held[route_key] -= 1
+                self._held_changed.notify_all()
+
+    def wait_held(self, route_key: str, count: int = 1, timeout: float = 60.0) -> None:
+        """Until at least `count` requests of `route_key` are being held by a fault."""
+        with self._lock:
+            if not self._held_changed.wait_for(lambda: self._held.get(route_key, 0) >= count, timeout):
+                raise TimeoutError(f"no {count} held request(s) of {route_key} within {timeout}s")
 
     def release_hangs(self) -> None:
         self._release.set()

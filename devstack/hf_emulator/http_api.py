@@ -131,7 +131,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile = real
                 self._hang_up()
                 return
-            if fault is not None and not self._apply_request_fault(emu, fault):
+            if fault is not None and not self._apply_request_fault(emu, route, fault):
                 return
             self._serve(emu, matched, query, body)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
@@ -164,13 +164,10 @@ class _Handler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
 
-    def _apply_request_fault(self, emu: HfEmulator, fault: Fault) -> bool:
+    def _apply_request_fault(self, emu: HfEmulator, route: str, fault: Fault) -> bool:
         """Apply a request fault; False if the request has been dealt with."""
-        if fault.kind == "delay":
-            time.sleep(fault.seconds)
-            return True
-        if fault.kind == "hang":
-            emu.faults.wait_hang(fault.seconds or 300.0)
+        if fault.kind in ("delay", "hang"):
+            emu.faults.hold(route, fault)
             return True
         if fault.kind == "drop":
             self._hang_up()

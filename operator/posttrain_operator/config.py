@@ -37,6 +37,10 @@ class OperatorSettings(BaseSettings):
         """How long a submission request may stay in flight: the HTTP timeout plus a margin."""
         return self.hf_http_timeout_seconds + 5.0
 
+    # While a submission may be in flight, how often to look for the job it may have created: the
+    # job is adopted as soon as it appears, not only when the window closes.
+    submission_recheck_seconds: float = Field(default=5.0, gt=0)
+
     # Pods backend (off unless enabled: it needs RBAC for namespaces, pods and NetworkPolicies).
     pods_enabled: bool = False
     pods_image: str = "localhost/posttrain-launcher:0.1.0"

@@ -156,8 +156,7 @@ class OperatorProcess:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until start-up has finished (the broker listens), so a kill lands in real work."""
-        log = self.log_dir / f"operator-{self.starts}.log"
-        wait_for(lambda: "broker API listening" in log.read_text(errors="replace"), timeout=timeout,
+        wait_for(lambda: "broker API listening" in self.current_log(), timeout=timeout,
                  what="the operator to start")  # fmt: skip
 
     def kill(self) -> None:
@@ -173,15 +172,19 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def current_log(self) -> str:
+        """What the process started last has logged so far."""
+        return (self.log_dir / f"operator-{self.starts}.log").read_text(errors="replace")
+
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log")))
 
 
 @contextlib.contextmanager
 def running_operator(
-    cluster: devcluster.ClusterState, emulator: HfEmulator, log_dir: Path, namespace: str
+    cluster: devcluster.ClusterState, emulator: HfEmulator, log_dir: Path, namespace: str, **env: str
 ) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster, emulator, log_dir, namespace).start()
+    op = OperatorProcess(cluster, emulator, log_dir, namespace, **env).start()
     try:
         yield op
     finally:

@@ -278,7 +278,8 @@ async def _submit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> 
             # sent): it could create the job after this lookup. Wait out that window, then look again.
             in_flight_until = submission_window_end(ctx, status)
             if in_flight_until is not None and ctx.clock() < in_flight_until:
-                wait = (in_flight_until - ctx.clock()).total_seconds()
+                remaining = (in_flight_until - ctx.clock()).total_seconds()
+                wait = min(remaining, ctx.settings.submission_recheck_seconds)
                 raise Retry(
                     f"an earlier submission may still be in flight; looking again in {wait:.0f}s", wait
                 )

@@ -93,7 +93,7 @@ def test_timeout_kills_the_job_and_ends_in_error(api: HfApi, emulator: HfEmulato
     assert done.status.stage == "ERROR"
     assert done.status.message is not None and done.status.message.startswith("timeout")
     assert done.durations is not None and done.durations.running_secs is not None
-    assert done.durations.running_secs < 5
+    assert done.durations.running_secs < 60  # killed, not left to sleep its minute out
 
 
 def test_non_python_commands_are_accepted_but_fail_to_start(api: HfApi, emulator: HfEmulator) -> None:

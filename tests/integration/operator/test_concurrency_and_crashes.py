@@ -4,11 +4,11 @@ backend job is ever submitted twice, none is lost, and the books match what the 
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -24,10 +24,12 @@ from tests.integration.conftest import (
     apply,
     episode_manifest,
     get,
+    running_operator,
     wait_phase,
 )
 
 CPU_BASIC = 167  # micro-dollars per minute
+IN_FLIGHT = "an earlier submission may still be in flight"
 TERMINAL = {"Succeeded", "Failed", "Cancelled", "Rejected"}
 
 
@@ -120,38 +122,54 @@ def test_fifty_jobs_at_once_never_overspend(
 
 
 def test_sigkill_during_submissions_never_submits_twice(
-    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
-) -> None:
-    rng = random.Random(20261129)
+    cluster: devcluster.ClusterState, crds: None, kubectl: Kubectl, namespace: str, emulator: HfEmulator,
+    tmp_path: Path,
+) -> None:  # fmt: skip
     kills, per_round = 20, 3
-    # Each create takes effect (and answers) 5 s after it is sent, even if the caller is gone by then:
-    # the window in which a crashed operator has submitted a job without knowing it. A restart takes
-    # less than that, so the new process must wait the request out, not submit again.
-    emulator.inject("delay", route=routes.CREATE_JOB, seconds=5.0, count=None)
-    apply(kubectl, namespace, episode_manifest("ep1", budget="5.00", limits={"maxConcurrentJobs": 200}))
-    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    # A long HTTP timeout makes the in-flight window (timeout + margin) far longer than a restart,
+    # however loaded the machine: the restarted operator must wait the held request out, never
+    # submit again. It looks for the job every second meanwhile, so rounds stay short.
+    slow_http = {"POSTTRAIN_HF_HTTP_TIMEOUT_SECONDS": "120", "POSTTRAIN_SUBMISSION_RECHECK_SECONDS": "1"}
+    with running_operator(cluster, emulator, tmp_path, namespace, **slow_http) as operator:
+        apply(kubectl, namespace, episode_manifest("ep1", budget="5.00", limits={"maxConcurrentJobs": 200}))
+        wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+        for round_ in range(kills):
+            # The round's first job creation is held by the emulator (received, not yet processed):
+            # the kill lands while a submission is in flight by construction, not by timing.
+            emulator.inject("hang", route=routes.CREATE_JOB, count=1, seconds=600)
+            batch = [
+                agentjob_manifest(f"r{round_:02d}-{i}", "ep1", timeoutSeconds=60) for i in range(per_round)
+            ]
+            operator.wait_ready()
+            kubectl("-n", namespace, "create", "-f", "-", input=yaml.safe_dump_all(batch))
+            emulator.wait_held(routes.CREATE_JOB, timeout=120)
+            operator.kill()
+            operator.start()
+            # The new process finds the key but no job, and waits instead of submitting again...
+            wait_for(
+                lambda: IN_FLIGHT in operator.current_log(),
+                timeout=120,
+                what="the restarted operator to wait out the submission in flight",
+            )
+            # ...then the held request is processed, and the new process adopts the job it created.
+            emulator.release_hangs()
 
-    for round_ in range(kills):
-        batch = [agentjob_manifest(f"r{round_:02d}-{i}", "ep1", timeoutSeconds=60) for i in range(per_round)]
-        operator.wait_ready()
-        kubectl("-n", namespace, "create", "-f", "-", input=yaml.safe_dump_all(batch))
-        time.sleep(rng.uniform(0.0, 3.0))  # kills land before and during the creates
-        operator.kill()
-        operator.start()
-
-    total = kills * per_round
-    jobs = wait_for(lambda: _all_terminal(kubectl, namespace, total), timeout=300, what="every job to finish")
-    assert Counter(j["status"]["phase"] for j in jobs) == {"Succeeded": total}
-    creations = emulator.creations_by_label(KEY_LABEL)
-    assert len(creations) == total, "a job was lost or an unknown job was created"
-    assert set(creations.values()) == {1}, {k: n for k, n in creations.items() if n != 1}
-    assert {f"aj-{j['metadata']['uid']}" for j in jobs} == set(creations)
-    assert operator.starts == kills + 1
-    logs = operator.logs()
-    assert "an earlier submission may still be in flight" in logs, "no restart met a submission in flight"
-    assert "by its key; not submitting again" in logs, "no restart adopted a job submitted before a kill"
-    episode = wait_for(
-        lambda: (e := get(kubectl, namespace, "episode", "ep1"))["status"]["ledger"]["reservedMicroUSD"] == 0
-        and e
-    )
-    _assert_books_match_backend(episode, jobs, emulator)
+        total = kills * per_round
+        jobs = wait_for(
+            lambda: _all_terminal(kubectl, namespace, total), timeout=300, what="every job to finish"
+        )
+        assert Counter(j["status"]["phase"] for j in jobs) == {"Succeeded": total}
+        creations = emulator.creations_by_label(KEY_LABEL)
+        assert len(creations) == total, "a job was lost or an unknown job was created"
+        assert set(creations.values()) == {1}, {k: n for k, n in creations.items() if n != 1}
+        assert {f"aj-{j['metadata']['uid']}" for j in jobs} == set(creations)
+        assert operator.starts == kills + 1
+        logs = operator.logs()
+        assert logs.count(IN_FLIGHT) >= kills
+        assert "by its key; not submitting again" in logs, "no restart adopted a job submitted before a kill"
+        episode = wait_for(
+            lambda: (e := get(kubectl, namespace, "episode", "ep1"))["status"]["ledger"]["reservedMicroUSD"]
+            == 0
+            and e
+        )
+        _assert_books_match_backend(episode, jobs, emulator)
