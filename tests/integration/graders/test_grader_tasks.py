@@ -74,8 +74,8 @@ def test_untrained_base_scores_at_most_0_1_on_the_hidden_split(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # about 3 minutes on 2 idle cores; a busy machine can take several times that
-def test_one_short_sft_job_reaches_0_9_on_dev_and_hidden(repos: dict[RepoRef, Path], tmp_path: Path) -> None:
+@pytest.mark.timeout(1800)  # a few minutes on 2 idle cores; a busy machine can take several times that
+def test_one_sft_job_reaches_0_95_on_dev_and_hidden(repos: dict[RepoRef, Path], tmp_path: Path) -> None:
     assert ARITHMETIC.base_model is not None
     checkpoint = tmp_path / "sft-outputs"
     started = time.monotonic()
@@ -86,13 +86,15 @@ def test_one_short_sft_job_reaches_0_9_on_dev_and_hidden(repos: dict[RepoRef, Pa
     )
     print(f"SFT job took {time.monotonic() - started:.0f}s")
     assert train.returncode == 0, train.stderr[-2000:]
+    # The recipe trains until every answer wins by its margin; a cap hit means it did not converge.
+    assert "stopped at" not in train.stdout, train.stdout[-2000:]
 
     dev = grade_arithmetic(repos, checkpoint, ARITHMETIC.dev_split, tmp_path / "dev")
     hidden = grade_arithmetic(repos, checkpoint, ARITHMETIC.hidden_split, tmp_path / "hidden")
     print(f"dev {dev.score} {dev.details}, hidden {hidden.score} {hidden.details}")
     assert (dev.status, hidden.status) == ("ok", "ok")
-    assert dev.score >= 0.9
-    assert hidden.score >= 0.9
+    assert dev.score >= 0.95
+    assert hidden.score >= 0.95
 
 
 def artifact_answer(records_dir: Path) -> dict[str, int]:
