@@ -37,6 +37,12 @@ class GatewaySettings(BaseSettings):
     default_task: str = Field(default="t0_artifact", description="Task of a `reset` that names none.")
     default_backend: str = Field(default="hf-jobs", pattern="^(hf-jobs|pods)$")
     max_sessions: int = Field(default=256, ge=1, le=100_000, description="OpenEnv sessions at once.")
+    reset_start_wait_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=300,
+        description="How long `reset` waits for the operator to start the episode.",
+    )
     submit_admission_wait_seconds: float = Field(
         default=5.0, gt=0, le=20, description="How long jobs_submit waits for Admitted or Rejected."
     )

@@ -317,7 +317,7 @@ class Gateway:
         self._by_hash[token_hash(token)] = created["metadata"]["name"]
         return ResetResult(self._view(started), agent_token=token)
 
-    async def _await_start(self, body: dict[str, Any], seconds: float = 15.0) -> dict[str, Any]:
+    async def _await_start(self, body: dict[str, Any]) -> dict[str, Any]:
         """Wait (watch) for the operator to start the episode; a namespace blocked by orphaned jobs is a
         typed error, and the Episode we made is removed again."""
 
@@ -330,7 +330,12 @@ class Gateway:
 
         meta = body["metadata"]
         seen = await self.kube.watch_until(
-            meta["namespace"], "episodes", meta["name"], meta["resourceVersion"], seconds, decided
+            meta["namespace"],
+            "episodes",
+            meta["name"],
+            meta["resourceVersion"],
+            self.settings.reset_start_wait_seconds,
+            decided,
         )
         body = seen or await self.kube.get_episode(meta["namespace"], meta["name"]) or body
         status = body.get("status") or {}

@@ -24,6 +24,13 @@ class WatchExpired(Exception):
     """The watch's resourceVersion is too old (410): read the object afresh and watch again."""
 
 
+# A 429 means the API server refused the request before acting on it (API Priority and Fairness,
+# or a resource's storage still initializing just after its CRD was established), so any request,
+# a write too, can be sent again once the server's Retry-After has passed.
+TOO_MANY_REQUESTS_ATTEMPTS = 8
+MAX_RETRY_AFTER_SECONDS = 5.0
+
+
 async def make_api_client(kubeconfig: str | None) -> client.ApiClient:
     cfg = client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
@@ -31,7 +38,35 @@ async def make_api_client(kubeconfig: str | None) -> client.ApiClient:
         await config.load_kube_config(config_file=path, client_configuration=cfg)
     else:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration=cfg)
+    api_client = client.ApiClient(configuration=cfg)
+    _retry_too_many_requests(api_client.rest_client)
+    return api_client
+
+
+def _retry_too_many_requests(rest_client: Any) -> None:
+    """Every request of this client (each verb goes through `request`) waits out 429s."""
+    send = rest_client.request
+
+    async def request(*args: Any, **kwargs: Any) -> Any:
+        for attempt in range(1, TOO_MANY_REQUESTS_ATTEMPTS + 1):
+            try:
+                return await send(*args, **kwargs)
+            except ApiException as exc:
+                if exc.status != 429 or attempt == TOO_MANY_REQUESTS_ATTEMPTS:
+                    raise
+                await asyncio.sleep(_retry_after(exc))
+        raise AssertionError("unreachable")
+
+    rest_client.request = request
+
+
+def _retry_after(exc: ApiException) -> float:
+    headers: Any = exc.headers
+    try:
+        seconds = float(headers.get("Retry-After", 1)) if headers else 1.0
+    except ValueError:
+        seconds = 1.0
+    return min(max(seconds, 0.1), MAX_RETRY_AFTER_SECONDS)
 
 
 class Kube:

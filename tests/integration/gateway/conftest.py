@@ -94,6 +94,7 @@ def _settings(
         broker_url=op.broker_url,
         broker_token_file=str(token_file),
         kubeconfig=str(cluster.kubeconfig),
+        reset_start_wait_seconds=120,  # a loaded machine can take long to start the operator's work
     )
 
 

@@ -72,9 +72,9 @@ async def test_auth_matrix_refuses_and_creates_nothing(gateway: GatewayServer, k
         a = (await orch.reset(task="t0_artifact"))["observation"]
         b = (await orch.reset(task="t0_artifact"))["observation"]
     token_a, token_b = a["metadata"]["agent_token"], b["metadata"]["agent_token"]
-    job_b = call(gateway, token_b, "jobs_submit", script="print(1)", timeout_seconds=60)["structuredContent"][
-        "job"
-    ]
+    submitted = call(gateway, token_b, "jobs_submit", script="print(1)", timeout_seconds=60)
+    assert not submitted["isError"], submitted
+    job_b = submitted["structuredContent"]["job"]
     before = counts(kubectl, gateway.namespace)
     steps_before = get(kubectl, gateway.namespace, "episode", a["episode"])["status"]["steps"]
     submit = {"name": "jobs_submit", "arguments": {"script": "print(2)", "timeout_seconds": 60}}
