@@ -135,8 +135,10 @@ async def dispatch_rpc(
     token: str | None,
     ws_binding: EpisodeRef | None = None,
     over_ws: bool = False,
+    agent_token_checked: bool = False,
 ) -> dict[str, Any] | None:
-    """One OpenEnv JSON-RPC request -> response (None for notifications). AuthFailure propagates."""
+    """One OpenEnv JSON-RPC request -> response (None for notifications). AuthFailure propagates.
+    `agent_token_checked`: the caller already resolved `token` to an episode (no second lookup)."""
     try:
         rid = request_id(raw)
     except InvalidRequest as exc:
@@ -169,9 +171,9 @@ async def dispatch_rpc(
         if session.episode is None and req.method == "tools/call":
             return rpc_error(req.id, JSONRPC_INVALID_PARAMS, "no episode in this session: reset it first")
     else:
-        episode = await gateway.episode_for_token(token)  # agent surface: the agent token only
+        if not agent_token_checked:
+            await gateway.episode_for_token(token)  # agent surface: the agent token only
         binding = AgentToken(token or "")
-        del episode
 
     if req.method == "ping":
         return rpc_result(req.id, {})
@@ -247,8 +249,9 @@ class HybridMcp:
             return
         # The credential is settled before the body is even read: an unauthenticated caller costs
         # no parsing. (Which surface the token may use is decided per method, further on.)
+        orchestrator = self.gateway.is_orchestrator(token)
         try:
-            if not self.gateway.is_orchestrator(token):
+            if not orchestrator:
                 await self.gateway.episode_for_token(token)
         except AuthFailure as exc:
             await JsonReply(exc.body(), exc.status)(scope, receive, send)
@@ -270,10 +273,15 @@ class HybridMcp:
             )
             return
         if sdk_session is not None or (isinstance(raw, dict) and raw.get("method") == "initialize"):
-            await self._post_to_sdk(scope, receive, send, token, raw, body, sdk_session)
+            if orchestrator:  # the SDK transport is the agent surface: _to_sdk refuses the token (403)
+                await self._to_sdk(scope, receive, send, token, body)
+            else:
+                await self._post_to_sdk(scope, receive, send, raw, body, sdk_session)
             return
         try:
-            answer = await dispatch_rpc(self.gateway, self.sessions, raw, token=token)
+            answer = await dispatch_rpc(
+                self.gateway, self.sessions, raw, token=token, agent_token_checked=not orchestrator
+            )
         except AuthFailure as exc:
             await JsonReply(exc.body(), exc.status)(scope, receive, send)
             return
@@ -289,13 +297,12 @@ class HybridMcp:
         scope: Scope,
         receive: Receive,
         send: Send,
-        token: str | None,
         raw: Any,
         body: bytes,
         sdk_session: str | None,
     ) -> None:
-        """A decoded message for the SDK: its id checked, and refused while another request of the
-        same session with the same id is in flight."""
+        """A decoded message from an authenticated agent for the SDK: its id checked, and refused
+        while another request of the same session with the same id is in flight."""
         try:
             rid = request_id(raw)
         except InvalidRequest as exc:
@@ -314,7 +321,7 @@ class HybridMcp:
                 return
             self._sdk_in_flight.add(key)
         try:
-            await self._to_sdk(scope, receive, send, token, body)
+            await self._hand_to_sdk(scope, receive, send, body)
         finally:
             if key is not None:
                 self._sdk_in_flight.discard(key)
@@ -327,6 +334,10 @@ class HybridMcp:
         except AuthFailure as exc:
             await JsonReply(exc.body(), exc.status)(scope, receive, send)
             return
+        await self._hand_to_sdk(scope, receive, send, body)
+
+    async def _hand_to_sdk(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+        """The request to the SDK, its body (already read here) replayed."""
         replayed = False
 
         async def replay() -> Message:

@@ -1,0 +1,428 @@
+"""Hostile input on every surface (the OpenEnv `/mcp` dialect, an MCP SDK session, `/ws`): the
+reported reproducers as regression tests, and a seeded fuzz run over all three at once. Bad input
+gets a 4xx, a JSON-RPC error or a websocket close frame with a code; never a 5xx, never a dropped
+socket, never a request left waiting behind someone else's; and it changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.conftest import Kubectl
+from tests.integration.conftest import get
+from tests.integration.gateway.conftest import GatewayServer, new_episode, snapshot
+from tests.integration.gateway.hostile import Case, Frame, deep, rpc, rpc_bodies, ws_frames
+
+SEED = 19
+# Generous: a request is "unanswered" only if it takes this long; latency itself is reported.
+ANSWER_WITHIN = 60.0
+PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+DEEP_BODY = '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":' + deep(10_000) + "}"
+SURROGATE_ID = b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}'  # the escape, written literally
+SURROGATE_ID_BYTES = b'{"jsonrpc":"2.0","id":"\xed\xa0\x80","method":"ping"}'  # an encoded surrogate
+# How /ws may end a connection over input: `close` (1000), binary (1003), not Unicode (1007),
+# beyond a limit (1008), too big (1009). 1006 (no close frame) and 1011 (a server bug) never.
+INPUT_CLOSE_CODES = {1000, 1003, 1007, 1008, 1009}
+
+
+def post(gw: GatewayServer, body: bytes | str, token: str | None, **headers: str) -> httpx.Response:
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    headers.setdefault("Content-Type", "application/json")
+    return httpx.post(f"{gw.url}/mcp", content=body, headers=headers, timeout=ANSWER_WITHIN)
+
+
+async def in_session(gw: GatewayServer, headers: dict[str, str], message: Any) -> httpx.Response:
+    """A raw POST into an SDK session (`headers` from `sdk_session`), off the event loop."""
+    body = message if isinstance(message, bytes) else json.dumps(message)
+    return await asyncio.to_thread(post, gw, body, None, **headers)
+
+
+def rpc_error_code(response: httpx.Response) -> int:
+    code: int = response.json()["error"]["code"]
+    return code
+
+
+@asynccontextmanager
+async def sdk_session(gw: GatewayServer, token: str) -> AsyncIterator[tuple[ClientSession, dict[str, str]]]:
+    """A real MCP SDK client session, and the headers that put a raw POST into that same session."""
+    auth = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx.AsyncClient(headers=auth, timeout=ANSWER_WITHIN) as http,
+        streamable_http_client(f"{gw.url}/mcp", http_client=http) as (read, write, session_id),
+        ClientSession(read, write) as session,
+    ):
+        init = await session.initialize()
+        sid = session_id()
+        assert sid is not None
+        yield (
+            session,
+            {
+                **auth,
+                "Mcp-Session-Id": sid,
+                "Mcp-Protocol-Version": str(init.protocolVersion),
+                "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json",
+            },
+        )
+
+
+# --- the reproducers ------------------------------------------------------------------------------
+
+
+async def test_a_10000_deep_body_is_a_parse_error_not_a_500(gateway: GatewayServer) -> None:
+    _, token = await new_episode(gateway)
+    for body in (DEEP_BODY, deep(1000), '{"a":' * 990 + "1" + "}" * 990):
+        response = post(gateway, body, token)
+        assert response.status_code == 200, response.text
+        assert response.json()["id"] is None and rpc_error_code(response) == -32700, response.text
+    assert post(gateway, json.dumps(PING), token).json()["result"] == {}
+
+
+async def test_a_lone_surrogate_id_is_a_parse_error_not_a_500(gateway: GatewayServer) -> None:
+    _, token = await new_episode(gateway)
+    for body in (SURROGATE_ID, SURROGATE_ID_BYTES):
+        response = post(gateway, body, token)
+        assert response.status_code == 200, response.text
+        assert rpc_error_code(response) == -32700 and response.json()["id"] is None
+        # The credential is checked first, before the body is read.
+        assert post(gateway, body, None).status_code == 401
+        assert post(gateway, body, "not-a-token").status_code == 401
+    # A surrogate pair is a real character, and comes back as one.
+    crab = post(gateway, b'{"jsonrpc":"2.0","id":"\\ud83e\\udd80","method":"ping"}', token)
+    assert crab.json() == {"jsonrpc": "2.0", "id": "\N{CRAB}", "result": {}}
+
+
+async def test_ids_are_strings_integers_or_null_and_anything_else_is_minus_32600(
+    gateway: GatewayServer,
+) -> None:
+    _, token = await new_episode(gateway)
+    for good in (2**64, -(2**63), "\N{CRAB}", 0, None):
+        answer = post(gateway, json.dumps({**PING, "id": good}), token).json()
+        assert answer == {"jsonrpc": "2.0", "id": good, "result": {}}
+    for bad in (1.5, True, [1], {"a": 1}, "x" * 300):
+        response = post(gateway, json.dumps({**PING, "id": bad}), token)
+        assert response.status_code == 200
+        assert response.json()["id"] is None and rpc_error_code(response) == -32600, response.text
+    batch = post(gateway, json.dumps([PING, PING]), token)
+    assert rpc_error_code(batch) == -32600 and "batch" in batch.json()["error"]["message"]
+
+
+async def test_unauthenticated_requests_are_refused_before_the_body_is_parsed(gateway: GatewayServer) -> None:
+    for body in (DEEP_BODY, SURROGATE_ID_BYTES, b"\xff not json", b"[" * 100_000):
+        missing = post(gateway, body, None)
+        assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_token"
+        wrong = post(gateway, body, "not-a-token")
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_token"
+    # An authenticated caller does get its body parsed (and refused for what it is).
+    parsed = post(gateway, b"\xff not json", gateway.orchestrator_token)
+    assert parsed.status_code == 200 and rpc_error_code(parsed) == -32700
+
+
+@pytest.mark.parametrize(
+    ("frame", "as_text", "code"),
+    [
+        (b"\x00\x01", False, 1003),
+        (deep(10_000), True, 1008),
+        ('{"type":"mcp","data":{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}}', True, 1007),
+        ('{"type":"state","data":{"x":"' + "a" * (1024 * 1024) + '"}}', True, 1009),
+        # Not UTF-8 in a text frame: the server's websocket layer refuses it before the gateway sees it.
+        (b'{"type":"state","x":"\xed\xa0\x80"}', True, 1007),
+    ],
+    ids=["binary-frame", "10000-deep-frame", "lone-surrogate-mcp-id", "oversize-frame", "invalid-utf8-text"],
+)
+async def test_ws_frames_that_end_the_connection_close_it_with_a_code(
+    gateway: GatewayServer, frame: str | bytes, as_text: bool, code: int
+) -> None:
+    async with websockets.connect(
+        gateway.ws_url, additional_headers=gateway.orchestrator_headers(), max_size=None
+    ) as ws:
+        await ws.send(frame, text=as_text)
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), ANSWER_WITHIN)
+    assert closed.value.rcvd is not None, "the server dropped the socket without a close frame"
+    assert closed.value.rcvd.code == code, closed.value.rcvd
+    if isinstance(frame, str) or not as_text:  # the gateway's own closes say why
+        assert closed.value.rcvd.reason, closed.value.rcvd
+
+
+async def test_ws_frames_that_are_not_json_get_an_error_reply_and_the_connection_stays(
+    gateway: GatewayServer,
+) -> None:
+    async with websockets.connect(gateway.ws_url, additional_headers=gateway.orchestrator_headers()) as ws:
+        for text in ("{", "NaN", "", '{"type":"state"} trailing'):
+            await ws.send(text)
+            reply = json.loads(await asyncio.wait_for(ws.recv(), ANSWER_WITHIN))
+            assert reply["type"] == "error" and reply["data"]["code"] == "INVALID_JSON", reply
+        await ws.send(json.dumps({"type": "mcp", "data": {**PING, "id": 1.5}}))
+        invalid_id = json.loads(await asyncio.wait_for(ws.recv(), ANSWER_WITHIN))
+        assert invalid_id["data"]["error"]["code"] == -32600 and invalid_id["data"]["id"] is None
+        await ws.send(json.dumps({"type": "state"}))
+        state = json.loads(await asyncio.wait_for(ws.recv(), ANSWER_WITHIN))
+        assert state == {"type": "state", "data": {"episode_id": None, "step_count": 0}}
+
+
+async def test_sdk_session_refuses_malformed_messages_with_4xx_and_goes_on(gateway: GatewayServer) -> None:
+    _, token = await new_episode(gateway)
+    async with sdk_session(gateway, token) as (session, headers):
+        surrogate_name = b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"\\ud800"}}'
+        for body in (SURROGATE_ID, SURROGATE_ID_BYTES, surrogate_name, DEEP_BODY.encode(), b"{"):
+            response = await in_session(gateway, headers, body)
+            assert response.status_code == 400 and rpc_error_code(response) == -32700, response.text
+        for bad_id in (1.5, True, {"a": 1}):
+            response = await asyncio.to_thread(
+                post, gateway, json.dumps({**PING, "id": bad_id}), None, **headers
+            )
+            assert response.status_code == 400 and rpc_error_code(response) == -32600, response.text
+        await session.send_ping()
+        assert {t.name for t in (await session.list_tools()).tools} >= {"task_info", "jobs_wait"}
+
+
+async def test_sdk_session_refuses_an_id_already_in_flight_and_still_answers_the_first(
+    gateway: GatewayServer, kubectl: Kubectl
+) -> None:
+    """The SDK pairs a reply with the POST waiting for str(id): a second request with that id used to
+    take the first one's reply and leave it waiting forever."""
+    episode, token = await new_episode(gateway)
+    async with sdk_session(gateway, token) as (session, headers):
+        wait = rpc("tools/call", {"name": "jobs_wait", "arguments": {"timeout_seconds": 25}}, rid=7)
+        first = asyncio.create_task(in_session(gateway, headers, wait))
+        # In flight once its step is counted (the step is taken before the wait begins).
+        while get(kubectl, gateway.namespace, "episode", episode).get("status", {}).get("steps") != 1:
+            assert not first.done(), first.result().text
+            await asyncio.sleep(0.1)
+        for same in (7, "7"):
+            refused = await asyncio.to_thread(
+                post, gateway, json.dumps({**PING, "id": same}), None, **headers
+            )
+            assert refused.status_code == 409 and rpc_error_code(refused) == -32600, refused.text
+        other = await in_session(gateway, headers, {**PING, "id": 8})
+        assert other.status_code == 200 and other.json()["result"] == {}
+        await session.send_ping()
+        assert not first.done(), "jobs_wait answered before the duplicates were refused"
+        answered = await first
+        assert answered.status_code == 200, answered.text
+        assert (
+            answered.json()["id"] == 7 and answered.json()["result"]["structuredContent"]["finished"] is False
+        )
+        again = await asyncio.to_thread(post, gateway, json.dumps({**PING, "id": 7}), None, **headers)
+        assert again.json() == {"jsonrpc": "2.0", "id": 7, "result": {}}
+
+
+async def test_sdk_session_with_reused_huge_and_emoji_ids_answers_every_request(
+    gateway: GatewayServer,
+) -> None:
+    """Requests reusing ids like 2**64 or an emoji in one session are each answered (a reply, or 409
+    for an id in flight), and another client's session is served all along."""
+    _, token = await new_episode(gateway)
+    ids: list[Any] = [18446744073709551616, "\N{CRAB}", 1, "1", 0, -1]
+    rng = random.Random(SEED)
+    async with (
+        sdk_session(gateway, token) as (_, headers),
+        sdk_session(gateway, token) as (other_client, _),
+        httpx.AsyncClient(base_url=gateway.url, headers=headers, timeout=ANSWER_WITHIN) as http,
+    ):
+
+        async def one() -> int:
+            message = rng.choice([rpc("ping"), rpc("tools/list"), rpc("tools/call", {"name": "jobs_logs"})])
+            response = await http.post("/mcp", content=json.dumps({**message, "id": rng.choice(ids)}))
+            return response.status_code
+
+        async def steady() -> int:
+            for _ in range(10):
+                await other_client.send_ping()
+            return 0
+
+        *statuses, _ = await asyncio.gather(*(one() for _ in range(60)), steady())
+    assert set(statuses) <= {200, 409}, Counter(statuses)
+    assert 200 in statuses
+
+
+# --- the fuzz run ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Seen:
+    surface: str
+    kind: str
+    outcome: str
+    seconds: float
+    fault: str | None = None
+
+
+def http_fault(response: httpx.Response) -> str | None:
+    if response.status_code >= 500:
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+    if response.status_code == 202:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code} with a body that is not JSON: {response.text[:200]!r}"
+    return None if isinstance(body, dict) else f"a JSON body that is not an object: {response.text[:200]}"
+
+
+async def post_all(
+    http: httpx.AsyncClient, surface: str, cases: list[Case], headers: dict[str, str], workers: int
+) -> list[Seen]:
+    queue, seen = list(cases), []
+
+    async def worker() -> None:
+        while queue:
+            case = queue.pop()
+            start = time.perf_counter()
+            try:
+                response = await http.post("/mcp", content=case.body, headers=headers)
+            except httpx.HTTPError as exc:
+                elapsed = time.perf_counter() - start
+                seen.append(Seen(surface, case.kind, "no answer", elapsed, f"no answer: {exc!r}"))
+                continue
+            elapsed = time.perf_counter() - start
+            fault = http_fault(response)
+            if surface == "no token" and response.status_code != 401:
+                fault = f"not refused before parsing: HTTP {response.status_code}"
+            seen.append(Seen(surface, case.kind, str(response.status_code), elapsed, fault))
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return seen
+
+
+async def send_all(gw: GatewayServer, episode: str, frames: list[Frame], workers: int) -> list[Seen]:
+    """Frames over `workers` connections, each attached to `episode`; a closed one is replaced."""
+    queue, seen = list(frames), []
+
+    async def attach() -> websockets.ClientConnection:
+        conn = await websockets.connect(
+            gw.ws_url, additional_headers=gw.orchestrator_headers(), max_size=None
+        )
+        await conn.send(json.dumps({"type": "reset", "data": {"episode": episode}}))
+        reply = json.loads(await asyncio.wait_for(conn.recv(), ANSWER_WITHIN))
+        assert reply["type"] == "observation", reply
+        return conn
+
+    async def worker() -> None:
+        conn: websockets.ClientConnection | None = None
+        while queue:
+            frame = queue.pop()
+            conn = conn or await attach()
+            start = time.perf_counter()
+            try:
+                await conn.send(frame.payload, text=frame.text)
+                reply = await asyncio.wait_for(conn.recv(), ANSWER_WITHIN)
+            except websockets.ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else None
+                fault = None if code in INPUT_CLOSE_CODES else f"closed with {code} ({exc.rcvd})"
+                seen.append(Seen("ws", frame.kind, f"close {code}", time.perf_counter() - start, fault))
+                await conn.close()
+                conn = None
+                continue
+            except TimeoutError:
+                seen.append(Seen("ws", frame.kind, "no answer", time.perf_counter() - start, "no answer"))
+                await conn.close()
+                conn = None
+                continue
+            elapsed = time.perf_counter() - start
+            try:
+                kind = json.loads(reply)["type"]
+            except (ValueError, KeyError, TypeError):
+                seen.append(
+                    Seen("ws", frame.kind, "reply", elapsed, f"a reply that is not ours: {reply!r:.200}")
+                )
+                continue
+            seen.append(Seen("ws", frame.kind, f"reply {kind}", elapsed))
+        if conn is not None:
+            await conn.close()
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return seen
+
+
+async def steady_client(session: ClientSession, done: asyncio.Event) -> list[Seen]:
+    """A well-behaved MCP client beside the fuzzed session: it must be answered all along."""
+    seen = []
+    while not done.is_set():
+        for kind, call in (("ping", session.send_ping), ("tools/list", session.list_tools)):
+            start = time.perf_counter()
+            try:
+                await asyncio.wait_for(call(), ANSWER_WITHIN)
+                fault = None
+            except Exception as exc:
+                fault = f"the well-behaved client failed: {exc!r}"
+            outcome = "ok" if fault is None else "failed"
+            seen.append(Seen("sdk client", kind, outcome, time.perf_counter() - start, fault))
+    return seen
+
+
+def p99(times: list[float]) -> float:
+    return statistics.quantiles(times, n=100, method="inclusive")[98] if len(times) > 1 else times[0]
+
+
+def report(seen: list[Seen]) -> str:
+    lines = []
+    for surface in [*sorted({s.surface for s in seen}), "all"]:
+        times = sorted(s.seconds for s in seen if surface in ("all", s.surface))
+        lines.append(
+            f"{surface:>10}: n={len(times):4d} p50={statistics.median(times) * 1000:7.1f} ms "
+            f"p99={p99(times) * 1000:7.1f} ms max={times[-1] * 1000:7.1f} ms"
+        )
+    outcomes = Counter((s.surface, s.kind, s.outcome) for s in seen)
+    lines += [
+        f"  {n:4d} x {surface} {kind} -> {outcome}"
+        for (surface, kind, outcome), n in sorted(outcomes.items())
+    ]
+    return "\n".join(lines)
+
+
+async def test_seeded_fuzz_over_all_three_surfaces_never_500s_never_drops_and_changes_nothing(
+    gateway: GatewayServer, kubectl: Kubectl, record_property: Any
+) -> None:
+    episode, token = await new_episode(gateway)
+    before = snapshot(kubectl, gateway.namespace)
+    bodies = rpc_bodies(random.Random(SEED))
+    frames = ws_frames(random.Random(SEED + 1))
+    unauthenticated = random.Random(SEED + 2).sample(bodies, 25)
+    agent = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    done = asyncio.Event()
+
+    async with (
+        sdk_session(gateway, token) as (_, sdk_headers),
+        sdk_session(gateway, token) as (other_client, _),
+        httpx.AsyncClient(base_url=gateway.url, timeout=ANSWER_WITHIN) as http,
+    ):
+        steady = asyncio.create_task(steady_client(other_client, done))
+        runs = await asyncio.gather(
+            post_all(http, "openenv", bodies, agent, workers=3),
+            post_all(http, "sdk", bodies, sdk_headers, workers=3),
+            post_all(http, "no token", unauthenticated, {"Content-Type": "application/json"}, workers=1),
+            send_all(gateway, episode, frames, workers=3),
+        )
+        done.set()
+        seen = [s for run in runs for s in run] + await steady
+
+    summary = report(seen)
+    print(summary)
+    times = sorted(s.seconds for s in seen)
+    record_property("hostile_requests", len(seen))
+    record_property(
+        "hostile_p99_seconds", round(statistics.quantiles(times, n=100, method="inclusive")[98], 3)
+    )
+
+    faults = [s for s in seen if s.fault is not None]
+    assert not faults, "\n".join(f"{s.surface} {s.kind}: {s.fault}" for s in faults[:20]) + "\n" + summary
+    assert len(seen) >= 2 * len(bodies) + len(unauthenticated) + len(frames)
+    assert any(s.surface == "sdk client" for s in seen)
+    assert snapshot(kubectl, gateway.namespace) == before
