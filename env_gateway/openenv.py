@@ -54,6 +54,9 @@ from env_gateway.wire import (
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1024 * 1024
 MAX_FRAME_CHARS = MAX_BODY_BYTES
+# What /mcp reads from a caller with no credential at all: enough for a JSON-RPC shape probe
+# (`openenv validate` posts `{}` and expects a JSON-RPC error), never enough to cost a parse.
+UNAUTHENTICATED_BODY_BYTES = 256
 
 
 class JsonReply(Response):
@@ -247,16 +250,21 @@ class HybridMcp:
         if scope["method"] != "POST":
             await self._to_sdk(scope, receive, send, token, b"")
             return
-        # The credential is settled before the body is even read: an unauthenticated caller costs
-        # no parsing. (Which surface the token may use is decided per method, further on.)
-        orchestrator = self.gateway.is_orchestrator(token)
+        # A credential is settled before the body is read, and a caller without one gets only a few
+        # bytes read: an unauthenticated request costs no parsing. (Which surface a valid token may
+        # use is decided per method, further on.)
+        # `agent`: the token was resolved to an episode here (no second lookup further on).
+        agent = token is not None and not self.gateway.is_orchestrator(token)
         try:
-            if not orchestrator:
+            if agent:
                 await self.gateway.episode_for_token(token)
+            limit = UNAUTHENTICATED_BODY_BYTES if token is None else MAX_BODY_BYTES
+            body = await _read_body(receive, limit)
+            if body is None and token is None:
+                await self.gateway.episode_for_token(token)  # raises: missing_token
         except AuthFailure as exc:
             await JsonReply(exc.body(), exc.status)(scope, receive, send)
             return
-        body = await _read_body(receive)
         if body is None:
             await JsonReply(rpc_error(None, JSONRPC_INVALID_REQUEST, "request body too large"), 413)(
                 scope, receive, send
@@ -273,14 +281,18 @@ class HybridMcp:
             )
             return
         if sdk_session is not None or (isinstance(raw, dict) and raw.get("method") == "initialize"):
-            if orchestrator:  # the SDK transport is the agent surface: _to_sdk refuses the token (403)
-                await self._to_sdk(scope, receive, send, token, body)
-            else:
+            if agent:
                 await self._post_to_sdk(scope, receive, send, raw, body, sdk_session)
+            else:  # the SDK transport is the agent surface: _to_sdk refuses the credential
+                await self._to_sdk(scope, receive, send, token, body)
             return
         try:
             answer = await dispatch_rpc(
-                self.gateway, self.sessions, raw, token=token, agent_token_checked=not orchestrator
+                self.gateway,
+                self.sessions,
+                raw,
+                token=token,
+                agent_token_checked=agent,
             )
         except AuthFailure as exc:
             await JsonReply(exc.body(), exc.status)(scope, receive, send)
@@ -357,7 +369,8 @@ def _id_or_null(raw: Any) -> RequestId:
         return None
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The body, or None once it is longer than `limit` (the rest is not read)."""
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -365,7 +378,7 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b""
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
+        if size > limit:
             return None
         chunks.append(chunk)
         if not message.get("more_body"):

@@ -22,6 +22,7 @@ import websockets
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from env_gateway.openenv import UNAUTHENTICATED_BODY_BYTES
 from tests.conftest import Kubectl
 from tests.integration.conftest import get
 from tests.integration.gateway.conftest import GatewayServer, new_episode, snapshot
@@ -96,11 +97,10 @@ async def test_a_10000_deep_body_is_a_parse_error_not_a_500(gateway: GatewayServ
 async def test_a_lone_surrogate_id_is_a_parse_error_not_a_500(gateway: GatewayServer) -> None:
     _, token = await new_episode(gateway)
     for body in (SURROGATE_ID, SURROGATE_ID_BYTES):
-        response = post(gateway, body, token)
-        assert response.status_code == 200, response.text
-        assert rpc_error_code(response) == -32700 and response.json()["id"] is None
-        # The credential is checked first, before the body is read.
-        assert post(gateway, body, None).status_code == 401
+        for credential in (token, None):  # a body this small is parsed without a credential too
+            response = post(gateway, body, credential)
+            assert response.status_code == 200, response.text
+            assert rpc_error_code(response) == -32700 and response.json()["id"] is None
         assert post(gateway, body, "not-a-token").status_code == 401
     # A surrogate pair is a real character, and comes back as one.
     crab = post(gateway, b'{"jsonrpc":"2.0","id":"\\ud83e\\udd80","method":"ping"}', token)
@@ -123,13 +123,25 @@ async def test_ids_are_strings_integers_or_null_and_anything_else_is_minus_32600
 
 
 async def test_unauthenticated_requests_are_refused_before_the_body_is_parsed(gateway: GatewayServer) -> None:
-    for body in (DEEP_BODY, SURROGATE_ID_BYTES, b"\xff not json", b"[" * 100_000):
+    garbage = b"\xff not json" * 100
+    for body in (DEEP_BODY.encode(), SURROGATE_ID_BYTES * 10, garbage, b"[" * 100_000):
+        assert len(body) > UNAUTHENTICATED_BODY_BYTES
         missing = post(gateway, body, None)
         assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_token"
+    for body in (DEEP_BODY.encode(), SURROGATE_ID_BYTES, garbage, b"{}"):
         wrong = post(gateway, body, "not-a-token")
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_token"
+    # Without a credential a few bytes are read: `openenv validate` probes `{}` for a JSON-RPC error;
+    # anything that needs the credential is refused all the same, the MCP SDK transport included.
+    probe = post(gateway, b"{}", None)
+    assert probe.status_code == 200 and probe.json()["jsonrpc"] == "2.0" and rpc_error_code(probe) == -32600
+    initialize = {**PING, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}}
+    for message in (PING, rpc("tools/list"), initialize):
+        assert post(gateway, json.dumps(message), None).status_code == 401
+    in_session = post(gateway, json.dumps(PING), None, **{"Mcp-Session-Id": "0" * 32})
+    assert in_session.status_code == 401
     # An authenticated caller does get its body parsed (and refused for what it is).
-    parsed = post(gateway, b"\xff not json", gateway.orchestrator_token)
+    parsed = post(gateway, garbage, gateway.orchestrator_token)
     assert parsed.status_code == 200 and rpc_error_code(parsed) == -32700
 
 
@@ -276,6 +288,14 @@ def http_fault(response: httpx.Response) -> str | None:
     return None if isinstance(body, dict) else f"a JSON body that is not an object: {response.text[:200]}"
 
 
+def refused_unauthenticated(case: Case, response: httpx.Response) -> bool:
+    """401 unread, or (for a body a shape probe fits in) a JSON-RPC error; never a result."""
+    if response.status_code == 401:
+        return True
+    small = len(case.body) <= UNAUTHENTICATED_BODY_BYTES
+    return small and response.status_code == 200 and "error" in response.json()
+
+
 async def post_all(
     http: httpx.AsyncClient, surface: str, cases: list[Case], headers: dict[str, str], workers: int
 ) -> list[Seen]:
@@ -293,8 +313,8 @@ async def post_all(
                 continue
             elapsed = time.perf_counter() - start
             fault = http_fault(response)
-            if surface == "no token" and response.status_code != 401:
-                fault = f"not refused before parsing: HTTP {response.status_code}"
+            if surface == "no token" and not refused_unauthenticated(case, response):
+                fault = f"not refused: HTTP {response.status_code} {response.text[:200]}"
             seen.append(Seen(surface, case.kind, str(response.status_code), elapsed, fault))
 
     await asyncio.gather(*(worker() for _ in range(workers)))
