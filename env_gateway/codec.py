@@ -141,24 +141,25 @@ def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, float):
-        return "a fractional number"
+        return "a non-integer number"
     return "an object" if isinstance(value, dict) else "an array"
 
 
-def encode_text(value: Any) -> str:
-    """JSON text that always encodes as UTF-8. Data that cannot be sent as it is (a lone surrogate,
-    a non-finite number, a foreign type) is replaced, and logged: it means a reply carried it."""
-    try:
-        text = _dumps(value)
-        text.encode("utf-8")
-    except (UnicodeEncodeError, ValueError, TypeError, RecursionError):
-        log.warning("a reply carried data JSON cannot carry; sending a cleaned copy")
-        return _dumps(encodable(value))
-    return text
+_UNENCODABLE = (UnicodeEncodeError, ValueError, TypeError, RecursionError)
 
 
 def encode_json(value: Any) -> bytes:
-    return encode_text(value).encode("utf-8")
+    """UTF-8 JSON that is always produced. Data that cannot be sent as it is (a lone surrogate, a
+    non-finite number, a foreign type) is replaced, and logged: it means a reply carried it."""
+    try:
+        return _dumps(value).encode("utf-8")
+    except _UNENCODABLE:
+        log.warning("a reply carried data JSON cannot carry; sending a cleaned copy")
+        return _dumps(encodable(value)).encode("utf-8")
+
+
+def encode_text(value: Any) -> str:
+    return encode_json(value).decode("utf-8")
 
 
 def _dumps(value: Any) -> str:
@@ -187,7 +188,7 @@ def sanitized(value: Any) -> Any:
     """`value` itself when it encodes as it is (the usual case), else its `encodable` copy."""
     try:
         _dumps(value).encode("utf-8")
-    except (UnicodeEncodeError, ValueError, TypeError, RecursionError):
+    except _UNENCODABLE:
         log.warning("a reply carried data JSON cannot carry; sending a cleaned copy")
         return encodable(value)
     return value

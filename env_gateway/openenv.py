@@ -252,8 +252,7 @@ class HybridMcp:
             return
         # A credential is settled before the body is read, and a caller without one gets only a few
         # bytes read: an unauthenticated request costs no parsing. (Which surface a valid token may
-        # use is decided per method, further on.)
-        # `agent`: the token was resolved to an episode here (no second lookup further on).
+        # use is decided per method, further on; `agent`: resolved to an episode here, once.)
         agent = token is not None and not self.gateway.is_orchestrator(token)
         try:
             if agent:
@@ -471,7 +470,7 @@ class OrchestratorSocket:
                 raw = decode_json(text)
             except DecodeError as exc:
                 if exc.close_code is not None:
-                    await ws.close(exc.close_code, f"invalid data: {exc.message}"[:120])
+                    await ws.close(exc.close_code, exc.message[:120])
                     return
                 await self._send(_ws_error("INVALID_JSON", f"Invalid JSON: {exc.message}"))
                 continue
