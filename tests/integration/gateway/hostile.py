@@ -1,22 +1,39 @@
 """Seeded hostile input for the gateway's three surfaces (the OpenEnv `/mcp` dialect, an MCP SDK
 session on `/mcp`, and `/ws`): nesting depth, lone surrogates and invalid UTF-8, huge numbers, wrong
-types for every tool argument, batches, non-JSON, binary frames and malformed JSON-RPC envelopes.
+types for every tool argument, batches, non-JSON, binary frames and malformed JSON-RPC envelopes; and
+`run`, which sends it all at once (the fuzz test, and `bench/gateway_hostile.py` for the figures).
 
 Every case is invalid input or a harmless read (ping, tools/list): none may count a step or create
 anything, so a run must leave every Episode and AgentJob as it found them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+import websockets
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 from pydantic import ValidationError
 
 from env_gateway.gateway import ResetArgs
-from env_gateway.openenv import MAX_BODY_BYTES
+from env_gateway.openenv import MAX_BODY_BYTES, UNAUTHENTICATED_BODY_BYTES
 from env_gateway.tools import TOOLS
+
+# Generous: a request is "unanswered" only if it takes this long; latency itself is reported.
+ANSWER_WITHIN = 60.0
+# How /ws may end a connection over input: `close` (1000), binary (1003), not Unicode (1007),
+# beyond a limit (1008), too big (1009). 1006 (no close frame) and 1011 (a server bug) never.
+INPUT_CLOSE_CODES = {1000, 1003, 1007, 1008, 1009}
 
 RAW = "__raw__"  # where a template takes a literal JSON fragment
 # Lone surrogates as JSON escapes: valid JSON syntax, but no Unicode text.
@@ -206,3 +223,197 @@ def ws_frames(rng: random.Random) -> list[Frame]:
     frames.append(Frame("size", '{"type":"state","data":{"x":"' + "a" * (MAX_BODY_BYTES + 16) + '"}}'))
     rng.shuffle(frames)
     return frames
+
+
+# --- sending it -----------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def sdk_session(url: str, token: str) -> AsyncIterator[tuple[ClientSession, dict[str, str]]]:
+    """A real MCP SDK client session, and the headers that put a raw POST into that same session."""
+    auth = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx.AsyncClient(headers=auth, timeout=ANSWER_WITHIN) as http,
+        streamable_http_client(f"{url}/mcp", http_client=http) as (read, write, session_id),
+        ClientSession(read, write) as session,
+    ):
+        init = await session.initialize()
+        sid = session_id()
+        assert sid is not None
+        yield (
+            session,
+            {
+                **auth,
+                "Mcp-Session-Id": sid,
+                "Mcp-Protocol-Version": str(init.protocolVersion),
+                "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json",
+            },
+        )
+
+
+@dataclass(frozen=True)
+class Seen:
+    surface: str
+    kind: str
+    outcome: str
+    seconds: float
+    fault: str | None = None
+
+
+def http_fault(response: httpx.Response) -> str | None:
+    if response.status_code >= 500:
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+    if response.status_code == 202:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code} with a body that is not JSON: {response.text[:200]!r}"
+    return None if isinstance(body, dict) else f"a JSON body that is not an object: {response.text[:200]}"
+
+
+def refused_unauthenticated(case: Case, response: httpx.Response) -> bool:
+    """401 unread, or (for a body a shape probe fits in) a JSON-RPC error; never a result."""
+    if response.status_code == 401:
+        return True
+    small = len(case.body) <= UNAUTHENTICATED_BODY_BYTES
+    return small and response.status_code == 200 and "error" in response.json()
+
+
+async def post_all(
+    http: httpx.AsyncClient, surface: str, cases: list[Case], headers: dict[str, str], workers: int
+) -> list[Seen]:
+    queue, seen = list(cases), []
+
+    async def worker() -> None:
+        while queue:
+            case = queue.pop()
+            start = time.perf_counter()
+            try:
+                response = await http.post("/mcp", content=case.body, headers=headers)
+            except httpx.HTTPError as exc:
+                elapsed = time.perf_counter() - start
+                seen.append(Seen(surface, case.kind, "no answer", elapsed, f"no answer: {exc!r}"))
+                continue
+            elapsed = time.perf_counter() - start
+            fault = http_fault(response)
+            if surface == "no token" and not refused_unauthenticated(case, response):
+                fault = f"not refused: HTTP {response.status_code} {response.text[:200]}"
+            seen.append(Seen(surface, case.kind, str(response.status_code), elapsed, fault))
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return seen
+
+
+async def send_all(
+    ws_url: str, headers: dict[str, str], episode: str, frames: list[Frame], workers: int
+) -> list[Seen]:
+    """Frames over `workers` connections, each attached to `episode`; a closed one is replaced."""
+    queue, seen = list(frames), []
+
+    async def attach() -> websockets.ClientConnection:
+        conn = await websockets.connect(ws_url, additional_headers=headers, max_size=None)
+        await conn.send(json.dumps({"type": "reset", "data": {"episode": episode}}))
+        reply = json.loads(await asyncio.wait_for(conn.recv(), ANSWER_WITHIN))
+        assert reply["type"] == "observation", reply
+        return conn
+
+    async def worker() -> None:
+        conn: websockets.ClientConnection | None = None
+        while queue:
+            frame = queue.pop()
+            conn = conn or await attach()
+            start = time.perf_counter()
+            try:
+                await conn.send(frame.payload, text=frame.text)
+                reply = await asyncio.wait_for(conn.recv(), ANSWER_WITHIN)
+            except websockets.ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else None
+                fault = None if code in INPUT_CLOSE_CODES else f"closed with {code} ({exc.rcvd})"
+                seen.append(Seen("ws", frame.kind, f"close {code}", time.perf_counter() - start, fault))
+                await conn.close()
+                conn = None
+                continue
+            except TimeoutError:
+                seen.append(Seen("ws", frame.kind, "no answer", time.perf_counter() - start, "no answer"))
+                await conn.close()
+                conn = None
+                continue
+            elapsed = time.perf_counter() - start
+            try:
+                kind = json.loads(reply)["type"]
+            except (ValueError, KeyError, TypeError):
+                seen.append(
+                    Seen("ws", frame.kind, "reply", elapsed, f"a reply that is not ours: {reply!r:.200}")
+                )
+                continue
+            seen.append(Seen("ws", frame.kind, f"reply {kind}", elapsed))
+        if conn is not None:
+            await conn.close()
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return seen
+
+
+async def steady_client(session: ClientSession, done: asyncio.Event) -> list[Seen]:
+    """A well-behaved MCP client beside the fuzzed session: it must be answered all along."""
+    seen = []
+    while not done.is_set():
+        for kind, call in (("ping", session.send_ping), ("tools/list", session.list_tools)):
+            start = time.perf_counter()
+            try:
+                await asyncio.wait_for(call(), ANSWER_WITHIN)
+                fault = None
+            except Exception as exc:
+                fault = f"the well-behaved client failed: {exc!r}"
+            outcome = "ok" if fault is None else "failed"
+            seen.append(Seen("sdk client", kind, outcome, time.perf_counter() - start, fault))
+    return seen
+
+
+def p99(times: list[float]) -> float:
+    return statistics.quantiles(times, n=100, method="inclusive")[98] if len(times) > 1 else times[0]
+
+
+def report(seen: list[Seen]) -> str:
+    lines = []
+    for surface in [*sorted({s.surface for s in seen}), "all"]:
+        times = sorted(s.seconds for s in seen if surface in ("all", s.surface))
+        lines.append(
+            f"{surface:>10}: n={len(times):4d} p50={statistics.median(times) * 1000:7.1f} ms "
+            f"p99={p99(times) * 1000:7.1f} ms max={times[-1] * 1000:7.1f} ms"
+        )
+    outcomes = Counter((s.surface, s.kind, s.outcome) for s in seen)
+    lines += [
+        f"  {n:4d} x {surface} {kind} -> {outcome}"
+        for (surface, kind, outcome), n in sorted(outcomes.items())
+    ]
+    return "\n".join(lines)
+
+
+async def run(
+    url: str, ws_url: str, orchestrator: dict[str, str], episode: str, token: str, seed: int
+) -> list[Seen]:
+    """The whole seeded corpus at once: the OpenEnv dialect and an SDK session with `token`, a few
+    bodies with no credential, `/ws` frames on connections attached to `episode`, and a well-behaved
+    MCP client in a session of its own all along."""
+    bodies = rpc_bodies(random.Random(seed))
+    frames = ws_frames(random.Random(seed + 1))
+    unauthenticated = random.Random(seed + 2).sample(bodies, 25)
+    agent = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    done = asyncio.Event()
+    async with (
+        sdk_session(url, token) as (_, sdk_headers),
+        sdk_session(url, token) as (other_client, _),
+        httpx.AsyncClient(base_url=url, timeout=ANSWER_WITHIN) as http,
+    ):
+        steady = asyncio.create_task(steady_client(other_client, done))
+        runs = await asyncio.gather(
+            post_all(http, "openenv", bodies, agent, workers=3),
+            post_all(http, "sdk", bodies, sdk_headers, workers=3),
+            post_all(http, "no token", unauthenticated, {"Content-Type": "application/json"}, workers=1),
+            send_all(ws_url, orchestrator, episode, frames, workers=3),
+        )
+        done.set()
+        return [s for run in runs for s in run] + await steady

@@ -10,40 +10,30 @@ import hashlib
 import json
 import random
 import secrets
-import statistics
-import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import websockets
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 
 from devstack import cluster as devcluster
 from env_gateway.config import GatewaySettings
 from env_gateway.openenv import UNAUTHENTICATED_BODY_BYTES
 from tests.conftest import Kubectl
 from tests.integration.conftest import episode_manifest, get
+from tests.integration.gateway import hostile
 from tests.integration.gateway.conftest import GatewayServer, serve, snapshot
-from tests.integration.gateway.hostile import Case, Frame, deep, rpc, rpc_bodies, ws_frames
+from tests.integration.gateway.hostile import ANSWER_WITHIN, deep, rpc, sdk_session
 
 SEED = 19
-# Generous: a request is "unanswered" only if it takes this long; latency itself is reported.
-ANSWER_WITHIN = 60.0
 PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
 DEEP_BODY = '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":' + deep(10_000) + "}"
 SURROGATE_ID = b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}'  # the escape, written literally
 SURROGATE_ID_BYTES = b'{"jsonrpc":"2.0","id":"\xed\xa0\x80","method":"ping"}'  # an encoded surrogate
-# How /ws may end a connection over input: `close` (1000), binary (1003), not Unicode (1007),
-# beyond a limit (1008), too big (1009). 1006 (no close frame) and 1011 (a server bug) never.
-INPUT_CLOSE_CODES = {1000, 1003, 1007, 1008, 1009}
 
 
 @pytest.fixture(scope="module")
@@ -94,30 +84,6 @@ async def in_session(gw: GatewayServer, headers: dict[str, str], message: Any) -
 def rpc_error_code(response: httpx.Response) -> int:
     code: int = response.json()["error"]["code"]
     return code
-
-
-@asynccontextmanager
-async def sdk_session(gw: GatewayServer, token: str) -> AsyncIterator[tuple[ClientSession, dict[str, str]]]:
-    """A real MCP SDK client session, and the headers that put a raw POST into that same session."""
-    auth = {"Authorization": f"Bearer {token}"}
-    async with (
-        httpx.AsyncClient(headers=auth, timeout=ANSWER_WITHIN) as http,
-        streamable_http_client(f"{gw.url}/mcp", http_client=http) as (read, write, session_id),
-        ClientSession(read, write) as session,
-    ):
-        init = await session.initialize()
-        sid = session_id()
-        assert sid is not None
-        yield (
-            session,
-            {
-                **auth,
-                "Mcp-Session-Id": sid,
-                "Mcp-Protocol-Version": str(init.protocolVersion),
-                "Accept": "application/json, text/event-stream",
-                "Content-Type": "application/json",
-            },
-        )
 
 
 # --- the reproducers ------------------------------------------------------------------------------
@@ -239,7 +205,7 @@ async def test_sdk_session_refuses_malformed_messages_with_4xx_and_goes_on(
     lone_gateway: GatewayServer, kubectl: Kubectl
 ) -> None:
     _, token = agent_episode(kubectl, lone_gateway)
-    async with sdk_session(lone_gateway, token) as (session, headers):
+    async with sdk_session(lone_gateway.url, token) as (session, headers):
         surrogate_name = b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"\\ud800"}}'
         for body in (SURROGATE_ID, SURROGATE_ID_BYTES, surrogate_name, DEEP_BODY.encode(), b"{"):
             response = await in_session(lone_gateway, headers, body)
@@ -257,7 +223,7 @@ async def test_sdk_session_refuses_an_id_already_in_flight_and_still_answers_the
     """The SDK pairs a reply with the POST waiting for str(id): a second request with that id used to
     take the first one's reply and leave it waiting forever."""
     episode, token = agent_episode(kubectl, lone_gateway)
-    async with sdk_session(lone_gateway, token) as (session, headers):
+    async with sdk_session(lone_gateway.url, token) as (session, headers):
         wait = rpc("tools/call", {"name": "jobs_wait", "arguments": {"timeout_seconds": 25}}, rid=7)
         first = asyncio.create_task(in_session(lone_gateway, headers, wait))
         # In flight once its step is counted (the step is taken before the wait begins).
@@ -292,8 +258,8 @@ async def test_sdk_session_with_reused_huge_and_emoji_ids_answers_every_request(
     ids: list[Any] = [18446744073709551616, "\N{CRAB}", 1, "1", 0, -1]
     rng = random.Random(SEED)
     async with (
-        sdk_session(lone_gateway, token) as (_, headers),
-        sdk_session(lone_gateway, token) as (other_client, _),
+        sdk_session(lone_gateway.url, token) as (_, headers),
+        sdk_session(lone_gateway.url, token) as (other_client, _),
         httpx.AsyncClient(base_url=lone_gateway.url, headers=headers, timeout=ANSWER_WITHIN) as http,
     ):
 
@@ -315,182 +281,22 @@ async def test_sdk_session_with_reused_huge_and_emoji_ids_answers_every_request(
 # --- the fuzz run ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Seen:
-    surface: str
-    kind: str
-    outcome: str
-    seconds: float
-    fault: str | None = None
-
-
-def http_fault(response: httpx.Response) -> str | None:
-    if response.status_code >= 500:
-        return f"HTTP {response.status_code}: {response.text[:200]}"
-    if response.status_code == 202:
-        return None
-    try:
-        body = response.json()
-    except ValueError:
-        return f"HTTP {response.status_code} with a body that is not JSON: {response.text[:200]!r}"
-    return None if isinstance(body, dict) else f"a JSON body that is not an object: {response.text[:200]}"
-
-
-def refused_unauthenticated(case: Case, response: httpx.Response) -> bool:
-    """401 unread, or (for a body a shape probe fits in) a JSON-RPC error; never a result."""
-    if response.status_code == 401:
-        return True
-    small = len(case.body) <= UNAUTHENTICATED_BODY_BYTES
-    return small and response.status_code == 200 and "error" in response.json()
-
-
-async def post_all(
-    http: httpx.AsyncClient, surface: str, cases: list[Case], headers: dict[str, str], workers: int
-) -> list[Seen]:
-    queue, seen = list(cases), []
-
-    async def worker() -> None:
-        while queue:
-            case = queue.pop()
-            start = time.perf_counter()
-            try:
-                response = await http.post("/mcp", content=case.body, headers=headers)
-            except httpx.HTTPError as exc:
-                elapsed = time.perf_counter() - start
-                seen.append(Seen(surface, case.kind, "no answer", elapsed, f"no answer: {exc!r}"))
-                continue
-            elapsed = time.perf_counter() - start
-            fault = http_fault(response)
-            if surface == "no token" and not refused_unauthenticated(case, response):
-                fault = f"not refused: HTTP {response.status_code} {response.text[:200]}"
-            seen.append(Seen(surface, case.kind, str(response.status_code), elapsed, fault))
-
-    await asyncio.gather(*(worker() for _ in range(workers)))
-    return seen
-
-
-async def send_all(gw: GatewayServer, episode: str, frames: list[Frame], workers: int) -> list[Seen]:
-    """Frames over `workers` connections, each attached to `episode`; a closed one is replaced."""
-    queue, seen = list(frames), []
-
-    async def attach() -> websockets.ClientConnection:
-        conn = await websockets.connect(
-            gw.ws_url, additional_headers=gw.orchestrator_headers(), max_size=None
-        )
-        await conn.send(json.dumps({"type": "reset", "data": {"episode": episode}}))
-        reply = json.loads(await asyncio.wait_for(conn.recv(), ANSWER_WITHIN))
-        assert reply["type"] == "observation", reply
-        return conn
-
-    async def worker() -> None:
-        conn: websockets.ClientConnection | None = None
-        while queue:
-            frame = queue.pop()
-            conn = conn or await attach()
-            start = time.perf_counter()
-            try:
-                await conn.send(frame.payload, text=frame.text)
-                reply = await asyncio.wait_for(conn.recv(), ANSWER_WITHIN)
-            except websockets.ConnectionClosed as exc:
-                code = exc.rcvd.code if exc.rcvd is not None else None
-                fault = None if code in INPUT_CLOSE_CODES else f"closed with {code} ({exc.rcvd})"
-                seen.append(Seen("ws", frame.kind, f"close {code}", time.perf_counter() - start, fault))
-                await conn.close()
-                conn = None
-                continue
-            except TimeoutError:
-                seen.append(Seen("ws", frame.kind, "no answer", time.perf_counter() - start, "no answer"))
-                await conn.close()
-                conn = None
-                continue
-            elapsed = time.perf_counter() - start
-            try:
-                kind = json.loads(reply)["type"]
-            except (ValueError, KeyError, TypeError):
-                seen.append(
-                    Seen("ws", frame.kind, "reply", elapsed, f"a reply that is not ours: {reply!r:.200}")
-                )
-                continue
-            seen.append(Seen("ws", frame.kind, f"reply {kind}", elapsed))
-        if conn is not None:
-            await conn.close()
-
-    await asyncio.gather(*(worker() for _ in range(workers)))
-    return seen
-
-
-async def steady_client(session: ClientSession, done: asyncio.Event) -> list[Seen]:
-    """A well-behaved MCP client beside the fuzzed session: it must be answered all along."""
-    seen = []
-    while not done.is_set():
-        for kind, call in (("ping", session.send_ping), ("tools/list", session.list_tools)):
-            start = time.perf_counter()
-            try:
-                await asyncio.wait_for(call(), ANSWER_WITHIN)
-                fault = None
-            except Exception as exc:
-                fault = f"the well-behaved client failed: {exc!r}"
-            outcome = "ok" if fault is None else "failed"
-            seen.append(Seen("sdk client", kind, outcome, time.perf_counter() - start, fault))
-    return seen
-
-
-def p99(times: list[float]) -> float:
-    return statistics.quantiles(times, n=100, method="inclusive")[98] if len(times) > 1 else times[0]
-
-
-def report(seen: list[Seen]) -> str:
-    lines = []
-    for surface in [*sorted({s.surface for s in seen}), "all"]:
-        times = sorted(s.seconds for s in seen if surface in ("all", s.surface))
-        lines.append(
-            f"{surface:>10}: n={len(times):4d} p50={statistics.median(times) * 1000:7.1f} ms "
-            f"p99={p99(times) * 1000:7.1f} ms max={times[-1] * 1000:7.1f} ms"
-        )
-    outcomes = Counter((s.surface, s.kind, s.outcome) for s in seen)
-    lines += [
-        f"  {n:4d} x {surface} {kind} -> {outcome}"
-        for (surface, kind, outcome), n in sorted(outcomes.items())
-    ]
-    return "\n".join(lines)
-
-
 async def test_seeded_fuzz_over_all_three_surfaces_never_500s_never_drops_and_changes_nothing(
     lone_gateway: GatewayServer, kubectl: Kubectl, record_property: Any
 ) -> None:
     episode, token = agent_episode(kubectl, lone_gateway)
     before = snapshot(kubectl, lone_gateway.namespace)
-    bodies = rpc_bodies(random.Random(SEED))
-    frames = ws_frames(random.Random(SEED + 1))
-    unauthenticated = random.Random(SEED + 2).sample(bodies, 25)
-    agent = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    done = asyncio.Event()
-
-    async with (
-        sdk_session(lone_gateway, token) as (_, sdk_headers),
-        sdk_session(lone_gateway, token) as (other_client, _),
-        httpx.AsyncClient(base_url=lone_gateway.url, timeout=ANSWER_WITHIN) as http,
-    ):
-        steady = asyncio.create_task(steady_client(other_client, done))
-        runs = await asyncio.gather(
-            post_all(http, "openenv", bodies, agent, workers=3),
-            post_all(http, "sdk", bodies, sdk_headers, workers=3),
-            post_all(http, "no token", unauthenticated, {"Content-Type": "application/json"}, workers=1),
-            send_all(lone_gateway, episode, frames, workers=3),
-        )
-        done.set()
-        seen = [s for run in runs for s in run] + await steady
-
-    summary = report(seen)
-    print(summary)
-    times = sorted(s.seconds for s in seen)
+    gw = lone_gateway
+    seen = await hostile.run(gw.url, gw.ws_url, gw.orchestrator_headers(), episode, token, SEED)
+    summary = hostile.report(seen)
+    print(summary)  # the latency figures: shown with -s or -rA
     record_property("hostile_requests", len(seen))
-    record_property(
-        "hostile_p99_seconds", round(statistics.quantiles(times, n=100, method="inclusive")[98], 3)
-    )
+    record_property("hostile_p99_seconds", round(hostile.p99([s.seconds for s in seen]), 3))
 
     faults = [s for s in seen if s.fault is not None]
     assert not faults, "\n".join(f"{s.surface} {s.kind}: {s.fault}" for s in faults[:20]) + "\n" + summary
-    assert len(seen) >= 2 * len(bodies) + len(unauthenticated) + len(frames)
-    assert any(s.surface == "sdk client" for s in seen)
+    surfaces = Counter(s.surface for s in seen)
+    assert surfaces["openenv"] == surfaces["sdk"] == len(hostile.rpc_bodies(random.Random(SEED)))
+    assert surfaces["ws"] == len(hostile.ws_frames(random.Random(SEED + 1))) and surfaces["no token"] == 25
+    assert surfaces["sdk client"] > 0
     assert snapshot(kubectl, lone_gateway.namespace) == before
