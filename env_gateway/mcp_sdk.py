@@ -15,6 +15,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from env_gateway.codec import sanitized
 from env_gateway.config import GatewaySettings
 from env_gateway.gateway import AgentToken, AuthFailure, Gateway, bearer
 from env_gateway.wire import mcp_call_result, tool_list
@@ -37,7 +38,9 @@ def build_server(gateway: Gateway) -> Server[Any, Any]:
         except AuthFailure as exc:
             text = json.dumps(exc.body())
             return types.CallToolResult(content=[types.TextContent(type="text", text=text)], isError=True)
-        return types.CallToolResult.model_validate(mcp_call_result(outcome))
+        # The SDK serialises replies itself and answers 500 to one it cannot encode (a tool result can
+        # carry text the gateway did not write, such as job logs): hand it only what encodes.
+        return types.CallToolResult.model_validate(sanitized(mcp_call_result(outcome)))
 
     return server
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -15,10 +14,24 @@ from typing import Any, Literal
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from env_gateway.codec import (
+    WS_INTERNAL_ERROR,
+    WS_NORMAL,
+    WS_POLICY,
+    WS_TOO_BIG,
+    WS_UNSUPPORTED_DATA,
+    DecodeError,
+    InvalidRequest,
+    RequestId,
+    decode_json,
+    encode_json,
+    encode_text,
+    request_id,
+)
 from env_gateway.gateway import AgentToken, AuthFailure, Binding, EpisodeRef, Gateway, bearer
 from env_gateway.schemas import ToolFailure
 from env_gateway.wire import (
@@ -40,6 +53,19 @@ from env_gateway.wire import (
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1024 * 1024
+MAX_FRAME_CHARS = MAX_BODY_BYTES
+# What /mcp reads from a caller with no credential at all: enough for a JSON-RPC shape probe
+# (`openenv validate` posts `{}` and expects a JSON-RPC error), never enough to cost a parse.
+UNAUTHENTICATED_BODY_BYTES = 256
+
+
+class JsonReply(Response):
+    """A JSON response through the one encoder: it renders whatever the reply carries."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return encode_json(content)
 
 
 # --- sessions ------------------------------------------------------------------------------------
@@ -112,15 +138,18 @@ async def dispatch_rpc(
     token: str | None,
     ws_binding: EpisodeRef | None = None,
     over_ws: bool = False,
+    agent_token_checked: bool = False,
 ) -> dict[str, Any] | None:
-    """One OpenEnv JSON-RPC request -> response (None for notifications). AuthFailure propagates."""
-    request_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str | int) else None
+    """One OpenEnv JSON-RPC request -> response (None for notifications). AuthFailure propagates.
+    `agent_token_checked`: the caller already resolved `token` to an episode (no second lookup)."""
+    try:
+        rid = request_id(raw)
+    except InvalidRequest as exc:
+        return rpc_error(None, JSONRPC_INVALID_REQUEST, f"Invalid Request: {exc}")
     try:
         req = RpcRequest.model_validate(raw)
     except ValidationError:
-        return rpc_error(
-            request_id, JSONRPC_INVALID_REQUEST, "Invalid Request: a JSON-RPC 2.0 object is required"
-        )
+        return rpc_error(rid, JSONRPC_INVALID_REQUEST, "Invalid Request: a JSON-RPC 2.0 object is required")
     if req.method.startswith("notifications/"):
         return None
     session_id = req.params.get("session_id")
@@ -145,9 +174,9 @@ async def dispatch_rpc(
         if session.episode is None and req.method == "tools/call":
             return rpc_error(req.id, JSONRPC_INVALID_PARAMS, "no episode in this session: reset it first")
     else:
-        episode = await gateway.episode_for_token(token)  # agent surface: the agent token only
+        if not agent_token_checked:
+            await gateway.episode_for_token(token)  # agent surface: the agent token only
         binding = AgentToken(token or "")
-        del episode
 
     if req.method == "ping":
         return rpc_result(req.id, {})
@@ -205,47 +234,108 @@ class HybridMcp:
         self.gateway = gateway
         self.sessions = sessions
         self.sdk = sdk
+        # (Mcp-Session-Id, str(id)) of SDK-session requests being served. The SDK routes a reply to
+        # the POST waiting for str(id): a second request with that id in flight would take the
+        # first one's reply and leave it waiting forever.
+        self._sdk_in_flight: set[tuple[str, str]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope)
         token = bearer(headers.get("authorization"))
         if not host_allowed(headers.get("host"), self.gateway.settings.allowed_hosts):
-            await JSONResponse({"error": {"code": "invalid_host", "message": "Host not allowed"}}, 421)(
+            await JsonReply({"error": {"code": "invalid_host", "message": "Host not allowed"}}, 421)(
                 scope, receive, send
             )
             return
         if scope["method"] != "POST":
             await self._to_sdk(scope, receive, send, token, b"")
             return
-        body = await _read_body(receive)
+        # A credential is settled before the body is read, and a caller without one gets only a few
+        # bytes read: an unauthenticated request costs no parsing. (Which surface a valid token may
+        # use is decided per method, further on; `agent`: resolved to an episode here, once.)
+        agent = token is not None and not self.gateway.is_orchestrator(token)
+        try:
+            if agent:
+                await self.gateway.episode_for_token(token)
+            limit = UNAUTHENTICATED_BODY_BYTES if token is None else MAX_BODY_BYTES
+            body = await _read_body(receive, limit)
+            if body is None and token is None:
+                await self.gateway.episode_for_token(token)  # raises: missing_token
+        except AuthFailure as exc:
+            await JsonReply(exc.body(), exc.status)(scope, receive, send)
+            return
         if body is None:
-            await JSONResponse(rpc_error(None, JSONRPC_INVALID_REQUEST, "request body too large"), 413)(
+            await JsonReply(rpc_error(None, JSONRPC_INVALID_REQUEST, "request body too large"), 413)(
                 scope, receive, send
             )
             return
+        sdk_session = headers.get("mcp-session-id")
+        # Streamable HTTP refuses bad input with a 4xx; the OpenEnv dialect answers 200, as upstream.
+        refused = 400 if sdk_session is not None else 200
         try:
-            raw = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            await JSONResponse(rpc_error(None, JSONRPC_PARSE_ERROR, "Parse error"))(scope, receive, send)
+            raw = decode_json(body)
+        except DecodeError as exc:
+            await JsonReply(rpc_error(None, JSONRPC_PARSE_ERROR, f"Parse error: {exc.message}"), refused)(
+                scope, receive, send
+            )
             return
-        is_sdk = headers.get("mcp-session-id") is not None or (
-            isinstance(raw, dict) and raw.get("method") == "initialize"
-        )
-        if is_sdk:
-            await self._to_sdk(scope, receive, send, token, body)
+        if sdk_session is not None or (isinstance(raw, dict) and raw.get("method") == "initialize"):
+            if agent:
+                await self._post_to_sdk(scope, receive, send, raw, body, sdk_session)
+            else:  # the SDK transport is the agent surface: _to_sdk refuses the credential
+                await self._to_sdk(scope, receive, send, token, body)
             return
         try:
-            answer = await dispatch_rpc(self.gateway, self.sessions, raw, token=token)
+            answer = await dispatch_rpc(
+                self.gateway,
+                self.sessions,
+                raw,
+                token=token,
+                agent_token_checked=agent,
+            )
         except AuthFailure as exc:
-            await JSONResponse(exc.body(), exc.status)(scope, receive, send)
+            await JsonReply(exc.body(), exc.status)(scope, receive, send)
             return
         except ToolFailure as exc:
-            rid = raw.get("id") if isinstance(raw, dict) else None
-            answer = rpc_error(rid, JSONRPC_SERVER_ERROR, exc.message, exc.as_dict())
+            answer = rpc_error(_id_or_null(raw), JSONRPC_SERVER_ERROR, exc.message, exc.as_dict())
         if answer is None:
             await Response(status_code=202)(scope, receive, send)
         else:
-            await JSONResponse(answer)(scope, receive, send)
+            await JsonReply(answer)(scope, receive, send)
+
+    async def _post_to_sdk(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        raw: Any,
+        body: bytes,
+        sdk_session: str | None,
+    ) -> None:
+        """A decoded message from an authenticated agent for the SDK: its id checked, and refused
+        while another request of the same session with the same id is in flight."""
+        try:
+            rid = request_id(raw)
+        except InvalidRequest as exc:
+            await JsonReply(rpc_error(None, JSONRPC_INVALID_REQUEST, f"Invalid Request: {exc}"), 400)(
+                scope, receive, send
+            )
+            return
+        key = None
+        if sdk_session is not None and rid is not None and "method" in raw:
+            key = (sdk_session, str(rid))
+            if key in self._sdk_in_flight:
+                message = f"Invalid Request: id {rid!r} is in use by a request in flight in this session"
+                await JsonReply(rpc_error(rid, JSONRPC_INVALID_REQUEST, message[:400]), 409)(
+                    scope, receive, send
+                )
+                return
+            self._sdk_in_flight.add(key)
+        try:
+            await self._hand_to_sdk(scope, receive, send, body)
+        finally:
+            if key is not None:
+                self._sdk_in_flight.discard(key)
 
     async def _to_sdk(
         self, scope: Scope, receive: Receive, send: Send, token: str | None, body: bytes
@@ -253,8 +343,12 @@ class HybridMcp:
         try:
             await self.gateway.episode_for_token(token)
         except AuthFailure as exc:
-            await JSONResponse(exc.body(), exc.status)(scope, receive, send)
+            await JsonReply(exc.body(), exc.status)(scope, receive, send)
             return
+        await self._hand_to_sdk(scope, receive, send, body)
+
+    async def _hand_to_sdk(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+        """The request to the SDK, its body (already read here) replayed."""
         replayed = False
 
         async def replay() -> Message:
@@ -267,7 +361,15 @@ class HybridMcp:
         await self.sdk.handle_request(scope, replay, send)
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+def _id_or_null(raw: Any) -> RequestId:
+    try:
+        return request_id(raw)
+    except InvalidRequest:
+        return None
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The body, or None once it is longer than `limit` (the rest is not read)."""
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -275,7 +377,7 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b""
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
+        if size > limit:
             return None
         chunks.append(chunk)
         if not message.get("more_body"):
@@ -318,7 +420,7 @@ class OrchestratorSocket:
     async def run(self) -> None:
         ws = self.ws
         if not host_allowed(ws.headers.get("host"), self.gateway.settings.allowed_hosts):
-            await ws.close(code=1008)
+            await ws.close(code=WS_POLICY)
             return
         try:
             self.gateway.require_orchestrator(orchestrator_credential(ws.headers))
@@ -328,7 +430,7 @@ class OrchestratorSocket:
         session = self._attach(ws.query_params.get("session_id"))
         await ws.accept()
         if session is None:
-            await ws.send_json(
+            await self._send(
                 _ws_error(
                     "CAPACITY_REACHED",
                     f"Server at capacity: {len(self.sessions)}/{self.sessions.capacity} sessions active",
@@ -336,21 +438,50 @@ class OrchestratorSocket:
                     max_sessions=self.sessions.capacity,
                 )
             )
-            await ws.close()
+            await ws.close(code=WS_NORMAL)
             return
         try:
-            while True:
-                text = await ws.receive_text()
-                reply = await self._handle(session, text)
-                if reply is None:
-                    await ws.close(code=1000)
-                    break
-                await ws.send_json(reply)
+            await self._serve(session)
         except WebSocketDisconnect:
             pass
+        except Exception:  # a bug, not the peer: still end with a code, never a dropped socket
+            log.exception("ws connection failed")
+            await _close_quietly(ws, WS_INTERNAL_ERROR, "internal error")
         finally:
             session.ws_attached = False
             self.sessions.close(session)
+
+    async def _serve(self, session: Session) -> None:
+        """Frames until the peer leaves, sends `close`, or sends what ends the connection: a binary
+        frame (1003), text that is not Unicode (1007), beyond a limit (1008), or too large (1009)."""
+        ws = self.ws
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                await ws.close(WS_UNSUPPORTED_DATA, "binary frames are not accepted: send JSON text")
+                return
+            if len(text) > MAX_FRAME_CHARS:
+                await ws.close(WS_TOO_BIG, f"a frame holds at most {MAX_FRAME_CHARS} characters")
+                return
+            try:
+                raw = decode_json(text)
+            except DecodeError as exc:
+                if exc.close_code is not None:
+                    await ws.close(exc.close_code, exc.message[:120])
+                    return
+                await self._send(_ws_error("INVALID_JSON", f"Invalid JSON: {exc.message}"))
+                continue
+            reply = await self._handle(session, raw)
+            if reply is None:
+                await ws.close(WS_NORMAL)
+                return
+            await self._send(reply)
+
+    async def _send(self, reply: dict[str, Any]) -> None:
+        await self.ws.send_text(encode_text(reply))
 
     def _attach(self, session_id: str | None) -> Session | None:
         if session_id:
@@ -363,11 +494,7 @@ class OrchestratorSocket:
             session.ws_attached = True
         return session
 
-    async def _handle(self, session: Session, text: str) -> dict[str, Any] | None:
-        try:
-            raw = json.loads(text)
-        except ValueError as exc:
-            return _ws_error("INVALID_JSON", f"Invalid JSON: {exc}")
+    async def _handle(self, session: Session, raw: Any) -> dict[str, Any] | None:
         if not isinstance(raw, dict) or raw.get("type") not in ("reset", "step", "state", "mcp", "close"):
             kind = raw.get("type") if isinstance(raw, dict) else None
             return _ws_error("UNKNOWN_TYPE", f"Unknown message type: {str(kind)[:64]}")
@@ -458,6 +585,13 @@ def _errors(exc: ValidationError) -> list[dict[str, Any]]:
 async def _deny(ws: WebSocket, exc: AuthFailure) -> None:
     """Refuse the handshake with the JSON body when the server supports it, else a bare 403."""
     if "websocket.http.response" in ws.scope.get("extensions", {}):
-        await ws.send_denial_response(JSONResponse(exc.body(), exc.status))
+        await ws.send_denial_response(JsonReply(exc.body(), exc.status))
     else:
-        await ws.close(code=1008)
+        await ws.close(code=WS_POLICY)
+
+
+async def _close_quietly(ws: WebSocket, code: int, reason: str) -> None:
+    try:
+        await ws.close(code, reason)
+    except Exception:  # already closed or gone: nothing more can be said
+        log.debug("ws close after failure failed", exc_info=True)

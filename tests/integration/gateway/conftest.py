@@ -149,3 +149,27 @@ class Orchestrator:
 async def orchestrator(gw: GatewayServer) -> Any:
     async with websockets.connect(gw.ws_url, additional_headers=gw.orchestrator_headers()) as conn:
         yield Orchestrator(conn)
+
+
+async def new_episode(gw: GatewayServer) -> tuple[str, str]:
+    """A fresh t0_artifact episode: (its name, its agent token)."""
+    async with orchestrator(gw) as orch:
+        observation = (await orch.reset(task="t0_artifact"))["observation"]
+    return observation["episode"], observation["metadata"]["agent_token"]
+
+
+def snapshot(kubectl: Kubectl, namespace: str) -> tuple[Any, ...]:
+    """What a refused request must not change: every Episode's spec and step count, every AgentJob."""
+    episodes = json.loads(kubectl("-n", namespace, "get", "episodes", "-o", "json").stdout)["items"]
+    jobs = json.loads(kubectl("-n", namespace, "get", "agentjobs", "-o", "json").stdout)["items"]
+    return (
+        sorted(
+            (
+                e["metadata"]["name"],
+                json.dumps(e["spec"], sort_keys=True),
+                e.get("status", {}).get("steps") or 0,
+            )
+            for e in episodes  # the operator may write the default 0 into a status without steps
+        ),
+        sorted((j["metadata"]["name"], json.dumps(j["spec"], sort_keys=True)) for j in jobs),
+    )

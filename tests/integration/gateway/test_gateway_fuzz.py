@@ -9,11 +9,11 @@ from typing import Any
 import httpx
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from env_gateway.tools import TOOLS
 from tests.conftest import Kubectl
-from tests.integration.gateway.conftest import GatewayServer, orchestrator
+from tests.integration.gateway.conftest import GatewayServer, new_episode, snapshot
+from tests.integration.gateway.hostile import valid_tool_call
 
 json_values = st.recursive(
     st.none()
@@ -29,40 +29,15 @@ arguments = st.dictionaries(st.sampled_from(known_keys) | st.text(max_size=12), 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def is_valid(tool: str, args: Any) -> bool:
-    spec = TOOLS.get(tool)
-    if spec is None:
-        return False
-    try:
-        spec.args.model_validate({} if args is None else args)  # absent arguments mean none, as in MCP
-    except ValidationError:
-        return False
-    return True
-
-
-def snapshot(kubectl: Kubectl, namespace: str) -> tuple[Any, ...]:
-    episodes = json.loads(kubectl("-n", namespace, "get", "episodes", "-o", "json").stdout)["items"]
-    jobs = json.loads(kubectl("-n", namespace, "get", "agentjobs", "-o", "json").stdout)["items"]
-    return tuple(sorted((e["metadata"]["name"], e.get("status", {}).get("steps")) for e in episodes)), len(
-        jobs
-    )
-
-
-async def _agent_token(gateway: GatewayServer) -> str:
-    async with orchestrator(gateway) as orch:
-        token: str = (await orch.reset(task="t0_artifact"))["observation"]["metadata"]["agent_token"]
-    return token
-
-
 async def test_invalid_tool_arguments_change_nothing(gateway: GatewayServer, kubectl: Kubectl) -> None:
-    token = await _agent_token(gateway)
+    _, token = await new_episode(gateway)
     before = snapshot(kubectl, gateway.namespace)
     http = httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
     @FUZZ
     @given(tool=st.sampled_from(sorted(TOOLS)) | st.text(max_size=20), args=arguments | json_values)
     def check(tool: str, args: Any) -> None:
-        assume(not is_valid(tool, args))
+        assume(not valid_tool_call(tool, args))
         body = {
             "jsonrpc": "2.0",
             "id": 1,
@@ -81,7 +56,7 @@ async def test_invalid_tool_arguments_change_nothing(gateway: GatewayServer, kub
 async def test_raw_jsonrpc_bodies_never_500_and_change_nothing(
     gateway: GatewayServer, kubectl: Kubectl
 ) -> None:
-    token = await _agent_token(gateway)
+    _, token = await new_episode(gateway)
     before = snapshot(kubectl, gateway.namespace)
     http = httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     methods = st.sampled_from(
@@ -101,9 +76,8 @@ async def test_raw_jsonrpc_bodies_never_500_and_change_nothing(
             parsed = None
         if isinstance(parsed, dict) and parsed.get("method") == "tools/call":
             params = parsed.get("params")
-            assume(
-                not (isinstance(params, dict) and is_valid(params.get("name"), params.get("arguments") or {}))
-            )
+            if isinstance(params, dict):
+                assume(not valid_tool_call(params.get("name"), params.get("arguments") or {}))
         if isinstance(parsed, dict) and parsed.get("method") == "initialize":
             assume(False)  # a real MCP session handshake; covered by the SDK client test
         response = http.post("/mcp", content=body, headers={"Content-Type": "application/json"})
