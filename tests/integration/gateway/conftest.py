@@ -94,7 +94,9 @@ def _settings(
         broker_url=op.broker_url,
         broker_token_file=str(token_file),
         kubeconfig=str(cluster.kubeconfig),
-        reset_start_wait_seconds=120,  # a loaded machine can take long to start the operator's work
+        # The most a loaded machine may take for the operator to start an episode or admit a job.
+        reset_start_wait_seconds=120,
+        submit_admission_wait_seconds=20,
     )
 
 
