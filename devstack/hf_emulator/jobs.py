@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from devstack.hf_emulator.hardware import FLAVORS
-from devstack.hf_emulator.repos import RepoNotFound, RepoStore, make_read_only
+from devstack.hf_emulator.repos import RepoNotFound, RepoStore
+from devstack.hf_emulator.trees import UnsafeTree, check_publishable, copy_regular_file, make_read_only
 from devstack.hf_emulator.validation import JobSpec, VolumeSpec
 
 JOB_UID = 10000  # the launcher drops to this uid; its writable dirs must belong to it
@@ -210,7 +211,9 @@ class JobRunner:
                 self._finish("ERROR", f"failed to start: {exc}")
                 return
         stage, message = self._supervise()
-        self._publish_outputs()
+        refused = self._publish_outputs()
+        if refused is not None and stage == "COMPLETED":
+            stage, message = "ERROR", refused
         self._finish(stage, message)
 
     def _prepare(self) -> list[str] | None:
@@ -236,8 +239,8 @@ class JobRunner:
         source = bucket / volume.path if volume.path else bucket
         if volume.read_only:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir():
-                shutil.copytree(source, dest, symlinks=True)
+            if source.is_dir() and not source.is_symlink():
+                shutil.copytree(source, dest, symlinks=True, copy_function=copy_regular_file)
             else:
                 dest.mkdir()
             make_read_only(dest)
@@ -347,13 +350,30 @@ class JobRunner:
         if self._reader is not None:
             self._reader.join(KILL_GRACE_SECONDS)
 
-    def _publish_outputs(self) -> None:
+    def _publish_outputs(self) -> str | None:
+        """Copy each writable bucket volume into its bucket; a refusal's reason, if any.
+
+        Runs once no process of the job is left, so nothing changes the tree while it is checked.
+        A tree with a link leading outside itself, or a FIFO, socket or device, is not published
+        at all: a later job mounting the bucket, or the emulator serving it, must never be led
+        out of it.
+        """
+        for src, _ in self._outputs:
+            try:
+                check_publishable(src)
+            except (UnsafeTree, OSError) as exc:
+                reason = f"outputs not published: {exc}"
+                self._log(f"[emulator] {reason}")
+                return reason
         for src, bucket_dir in self._outputs:
             try:
                 bucket_dir.mkdir(parents=True, exist_ok=True)
-                shutil.copytree(src, bucket_dir, symlinks=True, dirs_exist_ok=True)
-            except OSError as exc:
+                shutil.copytree(
+                    src, bucket_dir, symlinks=True, dirs_exist_ok=True, copy_function=copy_regular_file
+                )
+            except (OSError, shutil.Error) as exc:
                 self._log(f"[emulator] could not publish outputs to the bucket: {exc}")
+        return None
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -320,7 +320,7 @@ def test_volumes_are_laid_out_and_outputs_are_read_through_hffilesystem(
         "(out / 'ckpt').mkdir()\n"
         "(out / 'result.json').write_text(cfg)\n"
         "(out / 'ckpt' / 'big.bin').write_bytes(bytes(range(256)) * 40)\n"
-        "os.symlink('/etc/hostname', out / 'escape')\n"
+        "os.symlink('ckpt/big.bin', out / 'inner-link')\n"
         "print(sorted(p.name for p in (root / 'inputs/model').iterdir()))\n"
     )
     volumes = [
@@ -341,7 +341,9 @@ def test_volumes_are_laid_out_and_outputs_are_read_through_hffilesystem(
 
     fs = HfFileSystem(endpoint=emulator.url, token=emulator.token, skip_instance_cache=True)
     names = sorted(fs.ls(f"hf://buckets/{bucket}", detail=False))
-    assert names == [f"buckets/{bucket}/ckpt", f"buckets/{bucket}/result.json"]  # the symlink is not served
+    # A link that stays inside the outputs is published, but never served.
+    assert (emulator.bucket_path(bucket) / "inner-link").is_symlink()
+    assert names == [f"buckets/{bucket}/ckpt", f"buckets/{bucket}/result.json"]
     assert json.loads(fs.cat_file(f"hf://buckets/{bucket}/result.json")) == {"hidden": 8}
     with fs.open(f"hf://buckets/{bucket}/ckpt/big.bin", "rb", block_size=1000) as f:
         f.seek(5000)
@@ -353,9 +355,65 @@ def test_volumes_are_laid_out_and_outputs_are_read_through_hffilesystem(
         f"buckets/{bucket}/result.json",
     ]
     with pytest.raises(FileNotFoundError):
-        fs.cat_file(f"hf://buckets/{bucket}/escape")
+        fs.cat_file(f"hf://buckets/{bucket}/inner-link")
     with pytest.raises(FileNotFoundError):
         fs.ls(f"hf://buckets/{emulator.namespace}/no-such-bucket")
+
+
+@pytest.mark.parametrize(
+    ("plant", "reason"),
+    [
+        ("os.symlink(private, out / 'escape')", "'escape' is a symbolic link to"),
+        ("os.symlink('../..', out / 'sub' / 'up')", "'sub/up' is a symbolic link to '../..'"),
+        ("os.mkfifo(out / 'sub' / 'pipe')", "'sub/pipe' is not a regular file"),
+    ],
+)
+def test_outputs_that_lead_outside_themselves_are_not_published(
+    api: HfApi, emulator: HfEmulator, data_dir: Path, plant: str, reason: str
+) -> None:
+    private = data_dir / "private"
+    private.mkdir(mode=0o700)
+    (private / "secret").write_text("s")
+    bucket = f"{emulator.namespace}/refused"
+    src = (
+        "import os, pathlib\n"
+        f"private = {str(private)!r}\n"
+        "out = pathlib.Path(os.environ['POSTTRAIN_ROOT']) / 'outputs'\n"
+        "(out / 'sub').mkdir()\n"
+        "(out / 'sub' / 'ok.txt').write_text('fine')\n"
+        f"{plant}\n"
+    )
+    job = run(api, emulator, src, volumes=[Volume(type="bucket", source=bucket, mount_path="/outputs")])
+    done = wait_terminal(api, emulator, job.id)
+    assert done.status.stage == "ERROR"
+    assert done.status.message is not None
+    assert done.status.message.startswith("outputs not published: ")
+    assert reason in done.status.message
+    assert not (emulator.bucket_path(bucket) / "sub").exists()  # nothing of it, not just the link
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+
+
+def test_a_read_only_mount_of_a_bucket_holding_a_link_leaves_its_target_alone(
+    api: HfApi, emulator: HfEmulator, data_dir: Path
+) -> None:
+    """Read-only preparation of a bucket that holds a link (put there before publication was
+    checked) copies the link and chmods nothing it leads to."""
+    private = data_dir / "private"
+    private.mkdir(mode=0o700)
+    bucket = emulator.create_bucket(f"{emulator.namespace}/old")
+    (bucket / "data.txt").write_text("d")
+    (bucket / "link").symlink_to(private)
+    vol = Volume(type="bucket", source=f"{emulator.namespace}/old", mount_path="/in", read_only=True)
+    job = run(
+        api,
+        emulator,
+        "import os; print(sorted(os.listdir(os.environ['POSTTRAIN_ROOT'] + '/in')))",
+        volumes=[vol],
+    )
+    assert wait_terminal(api, emulator, job.id).status.stage == "COMPLETED"
+    assert list(api.fetch_job_logs(job_id=job.id, namespace=emulator.namespace)) == ["['data.txt', 'link']"]
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert stat.S_IMODE((emulator.job_root(job.id) / "in").stat().st_mode) == 0o555
 
 
 def test_a_read_only_bucket_mount_sees_earlier_outputs(api: HfApi, emulator: HfEmulator) -> None:
