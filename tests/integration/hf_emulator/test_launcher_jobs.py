@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from huggingface_hub import HfApi, HfFileSystem, Volume
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
 
-from .test_jobs_api import IMAGE, wait_gone, wait_terminal
+from .test_jobs_api import IMAGE, host_pids_with, wait_for_processes, wait_terminal
 
 launcher = pytest.importorskip("posttrain_launcher")
 host = pytest.importorskip("posttrain_launcher.host")
@@ -124,20 +124,15 @@ def test_a_refused_spec_ends_in_error(emu: HfEmulator) -> None:
 
 
 def test_cancel_stops_the_job_the_launcher_runs(emu: HfEmulator) -> None:
+    marker = f"launcher-cancel-{uuid.uuid4().hex}"
     script = (
-        "import os, pathlib, time\n"
-        "(pathlib.Path(os.environ['POSTTRAIN_OUTPUT_DIR']) / 'pid').write_text(str(os.getpid()))\n"
-        "time.sleep(120)\n"
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}])\n"
+        "time.sleep(600)\n"
     )
     job_id = submit(emu, script, f"{emu.namespace}/cancel-out")
-    pid_file = emu.job_root(job_id) / "outputs" / "pid"
-    deadline = time.monotonic() + 60
-    while not (pid_file.exists() and pid_file.read_text()):
-        assert time.monotonic() < deadline, "the job never started"
-        time.sleep(0.1)
-    pid = int(pid_file.read_text())
+    wait_for_processes(marker)
     api = HfApi(endpoint=emu.url, token=emu.token)
     api.cancel_job(job_id=job_id, namespace=emu.namespace)
     assert api.inspect_job(job_id=job_id, namespace=emu.namespace).status.stage == "CANCELED"
-    # The job sits in a process group of its own; the launcher forwards our SIGTERM to it.
-    wait_gone(pid)
+    assert host_pids_with(marker) == set()
