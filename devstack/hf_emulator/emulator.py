@@ -303,6 +303,12 @@ class HfEmulator:
         """The job's POSTTRAIN_ROOT: its volumes laid out at their mount paths."""
         return self.data_dir / "jobs" / job_id / "root"
 
+    def job_pids(self, job_id: str) -> set[int]:
+        """Host pids of the job's processes now (from its cgroup; empty without one)."""
+        with self.cond:
+            cgroup = self._jobs[job_id].cgroup
+        return cgroup.pids() if cgroup is not None else set()
+
     def job_ids(self) -> list[str]:
         with self.cond:
             return [j.id for j in sorted(self._jobs.values(), key=lambda j: j.seq)]

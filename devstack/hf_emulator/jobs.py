@@ -353,13 +353,13 @@ class JobRunner:
         if cgroup is None or limits is None:
             return None
         try:
+            if cgroup.process_limit_hits() > 0:
+                return f"the job reached its limit of {limits.max_processes} processes and threads"
             if cgroup.oom_kills() > 0:
                 return (
                     f"out of memory: the job used all of its {limits.memory_bytes} bytes "
                     f"(flavor {self.job.spec.flavor}) and the kernel killed a process of it"
                 )
-            if cgroup.process_limit_hits() > 0:
-                return f"the job reached its limit of {limits.max_processes} processes and threads"
         except (OSError, ValueError):
             return None
         return None

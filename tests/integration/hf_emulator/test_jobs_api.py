@@ -189,6 +189,15 @@ def host_pids_with(marker: str) -> set[int]:
     return found
 
 
+def sleeper(marker: str) -> str:
+    """A job script whose child sleeps with `marker` on its command line, for `host_pids_with`."""
+    return (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}])\n"
+        "time.sleep(600)\n"
+    )
+
+
 def wait_for_processes(marker: str, timeout: float = 60) -> set[int]:
     deadline = time.monotonic() + timeout
     while not (pids := host_pids_with(marker)):
@@ -201,12 +210,7 @@ def test_cancel_ends_every_process_of_the_job_before_it_reads_canceled(
     api: HfApi, emulator: HfEmulator
 ) -> None:
     marker = f"cancel-child-{uuid.uuid4().hex}"
-    src = (
-        "import subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}])\n"
-        "time.sleep(600)"
-    )
-    job = run(api, emulator, src)
+    job = run(api, emulator, sleeper(marker))
     wait_for_processes(marker)
     api.cancel_job(job_id=job.id, namespace=emulator.namespace)
 

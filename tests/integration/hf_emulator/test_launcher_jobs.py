@@ -15,7 +15,7 @@ from huggingface_hub import HfApi, HfFileSystem, Volume
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
 
-from .test_jobs_api import IMAGE, host_pids_with, wait_for_processes, wait_terminal
+from .test_jobs_api import IMAGE, host_pids_with, sleeper, wait_for_processes, wait_terminal
 
 launcher = pytest.importorskip("posttrain_launcher")
 host = pytest.importorskip("posttrain_launcher.host")
@@ -125,12 +125,7 @@ def test_a_refused_spec_ends_in_error(emu: HfEmulator) -> None:
 
 def test_cancel_stops_the_job_the_launcher_runs(emu: HfEmulator) -> None:
     marker = f"launcher-cancel-{uuid.uuid4().hex}"
-    script = (
-        "import subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}])\n"
-        "time.sleep(600)\n"
-    )
-    job_id = submit(emu, script, f"{emu.namespace}/cancel-out")
+    job_id = submit(emu, sleeper(marker), f"{emu.namespace}/cancel-out")
     wait_for_processes(marker)
     api = HfApi(endpoint=emu.url, token=emu.token)
     api.cancel_job(job_id=job_id, namespace=emu.namespace)
