@@ -506,24 +506,43 @@ def test_every_request_is_recorded_for_leak_scans(api: HfApi, emulator: HfEmulat
     assert len(logged) == 2 and logged[0]["method"] == "POST"
 
 
-def test_cli_serves_until_terminated(data_dir: Path) -> None:
+def test_cli_serves_until_terminated_with_its_token_from_a_file(data_dir: Path) -> None:
     import subprocess
     import sys
 
+    token = f"hf_cli_{uuid.uuid4().hex}"
+    token_file = data_dir / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "devstack.hf_emulator", "--port", "0", "--data-dir", str(data_dir / "cli")],
+        [
+            sys.executable, "-m", "devstack.hf_emulator", "--port", "0",
+            "--data-dir", str(data_dir / "cli"), "--token-file", str(token_file),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
+    )  # fmt: skip
     try:
         assert proc.stdout is not None
         endpoint = proc.stdout.readline().strip().removeprefix("HF_ENDPOINT=")
-        api = HfApi(endpoint=endpoint, token="hf_emulator_token")
+        second = proc.stdout.readline()
+        api = HfApi(endpoint=endpoint, token=token)
         assert api.list_jobs_hardware()[0].name == "cpu-basic"
+        assert api.whoami()["name"] == emulator_namespace(second)
+        with pytest.raises(HfHubHTTPError) as err:
+            HfApi(endpoint=endpoint, token="hf_emulator_token").whoami()  # not the default any more
+        assert err.value.response.status_code == 401
+        # Neither on its command line nor in what it prints.
+        assert token.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        assert token not in second
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def emulator_namespace(line: str) -> str:
+    return line.strip().removeprefix("namespace=")
 
 
 def test_simulated_jobs_run_no_process(make_emulator: Callable[..., HfEmulator]) -> None:
