@@ -64,6 +64,16 @@ class JobLimits:
         return {"MEMORY": memory, "CPU_CORES": str(cpu_cores)}
 
 
+def job_limits(flavor: Flavor, max_memory_bytes: int, max_processes: int | None) -> JobLimits:
+    """The flavor's RAM (its "GB" are GiB, as HF Jobs' `MEMORY` says) and 256 processes per vCPU,
+    each capped for a machine smaller than the flavor."""
+    ram = int(flavor.ram.split()[0]) << 30
+    processes = PROCESSES_PER_CPU * flavor.cpu_cores
+    if max_processes is not None:
+        processes = min(processes, max_processes)
+    return JobLimits(min(ram, max_memory_bytes), processes)
+
+
 def host_memory_bytes() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
@@ -72,17 +82,22 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-def python_binds(interpreter: str, pythonpath: str | None) -> list[Bind]:
+def python_binds(interpreter: str) -> list[Bind]:
     """Read-only binds that make `interpreter` work as it does on the host, and no more.
 
     The interpreter's own prefixes (a venv and its base) and every site-packages dir on its path are
-    bound whole; from any other directory on its path (a source checkout) only IMAGE_PACKAGES.
+    bound whole; from any other directory on its path (a source checkout) only IMAGE_PACKAGES. The
+    probe runs isolated (`-I`): a job's PYTHONPATH, which a client chooses, never widens the view,
+    and no code of its choosing runs on the host.
     """
-    env = {"PATH": "/usr/bin:/bin"}
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
     out = subprocess.run(
-        [interpreter, "-c", _PROBE], env=env, cwd="/", capture_output=True, text=True, timeout=120, check=True
+        [interpreter, "-I", "-c", _PROBE],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     info = json.loads(out.stdout)
     covered = ["/usr"]
@@ -121,26 +136,21 @@ class Isolation:
             self.cgroup_problem = str(exc)
             log.warning("jobs run without a cgroup of their own (no memory or pids limit per job): %s", exc)
         self._lock = threading.Lock()
-        self._python: dict[tuple[str, str | None], list[Bind]] = {}
+        self._python: dict[str, list[Bind]] = {}
 
     def limits(self, flavor: Flavor) -> JobLimits:
-        ram = int(flavor.ram.split()[0]) << 30
-        processes = PROCESSES_PER_CPU * flavor.cpu_cores
-        if self.max_job_processes is not None:
-            processes = min(processes, self.max_job_processes)
-        return JobLimits(min(ram, self.max_job_memory_bytes), processes)
+        return job_limits(flavor, self.max_job_memory_bytes, self.max_job_processes)
 
     def job_cgroup(self, job_id: str, limits: JobLimits) -> JobCgroup | None:
         if self.cgroups is None:
             return None
         return self.cgroups.job(job_id, limits.memory_bytes, limits.max_processes)
 
-    def _python_binds(self, interpreter: str, pythonpath: str | None) -> list[Bind]:
-        key = (interpreter, pythonpath)
+    def _python_binds(self, interpreter: str) -> list[Bind]:
         with self._lock:
-            if key not in self._python:
-                self._python[key] = python_binds(interpreter, pythonpath)
-            return self._python[key]
+            if interpreter not in self._python:
+                self._python[interpreter] = python_binds(interpreter)
+            return self._python[interpreter]
 
     def jail_spec(
         self,
@@ -164,7 +174,7 @@ class Isolation:
             elif os.path.isdir(path):
                 binds.append(Bind(path, path))
         binds += [Bind(path, path) for path in ETC_BINDS if os.path.exists(path)]
-        binds += self._python_binds(argv[0], env.get("PYTHONPATH"))
+        binds += self._python_binds(argv[0])
         binds += [Bind(str(p), str(p), read_only=False) for p in writable]
         binds += [Bind(str(p), str(p)) for p in read_only]
         view = job_dir / "view"

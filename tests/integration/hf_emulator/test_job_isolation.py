@@ -349,7 +349,7 @@ def test_a_job_scanning_proc_and_the_file_system_finds_only_its_own_inputs(
     assert hidden_marker in (cache / "data.jsonl").read_text()
     assert hidden_marker in (emu.job_root(holder) / "inputs" / "split" / "data.jsonl").read_text()
 
-    libraries = ["/usr", *(b.source for b in python_binds(job_python, None))]
+    libraries = ["/usr", *(b.source for b in python_binds(job_python))]
     scanner = submit(
         emu,
         job_script(
