@@ -147,7 +147,8 @@ class HfEmulator:
         if isolate is None:
             isolate = execute and os.geteuid() == 0
         if not isolate and execute:
-            log.warning("jobs are not isolated from each other or from the host (not running as root)")
+            why = "isolate=False" if os.geteuid() == 0 else "the emulator is not running as root"
+            log.warning("jobs are not isolated from each other or from the host: %s", why)
         self.isolation = (
             Isolation(max_job_memory_bytes=max_job_memory_bytes, max_job_processes=max_job_processes)
             if isolate
