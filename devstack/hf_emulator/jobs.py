@@ -226,7 +226,7 @@ class JobRunner:
             # Outside the lock; a cancel meanwhile is seen by _supervise, which then kills the process.
             try:
                 job.proc = self._spawn(argv)
-            except (OSError, subprocess.SubprocessError) as exc:
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
                 self._end_processes()
                 self._finish("ERROR", f"failed to start: {exc}")
                 return
@@ -330,8 +330,13 @@ class JobRunner:
                 start_new_session=True,
             )
             assert proc.stdin is not None
-            with proc.stdin:
-                proc.stdin.write(jail.to_json().encode())
+            try:
+                with proc.stdin:
+                    proc.stdin.write(jail.to_json().encode())
+            except OSError:
+                proc.kill()
+                proc.wait()
+                raise
         assert proc.stdout is not None
         self._reader = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
         self._reader.start()

@@ -27,11 +27,11 @@ from devstack.hf_emulator.isolation import python_binds
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets.datasets import write_dataset_repo
 from graders.registry import get_task
+from tests.integration.launcher.conftest import fill
 
 from .test_jobs_api import IMAGE, host_pids_with, sleeper, wait_for_processes, wait_terminal
 
 launcher = pytest.importorskip("posttrain_launcher")
-host = pytest.importorskip("posttrain_launcher.host")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jobs are isolated only when the emulator is root")
 
@@ -41,20 +41,7 @@ ARTIFACT = get_task("t0_artifact")
 
 
 def job_script(name: str, **subst: object) -> str:
-    text = (JOBS / name).read_text()
-    for key, value in subst.items():
-        text = text.replace(f"@@{key}@@", str(value))
-    return text
-
-
-@pytest.fixture(scope="module")
-def job_python() -> Iterator[str]:
-    workdir = Path(tempfile.mkdtemp(prefix="hf-emulator-python-"))
-    workdir.chmod(0o755)
-    try:
-        yield host.job_interpreter(str(workdir))
-    finally:
-        remove_tree(workdir)
+    return fill((JOBS / name).read_text(), **subst)
 
 
 @pytest.fixture

@@ -4,33 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi, HfFileSystem, Volume
 
 from devstack.hf_emulator import HfEmulator
-from devstack.hf_emulator.repos import remove_tree
 
 from .test_jobs_api import IMAGE, host_pids_with, sleeper, wait_for_processes, wait_terminal
 
 launcher = pytest.importorskip("posttrain_launcher")
-host = pytest.importorskip("posttrain_launcher.host")
-
-
-@pytest.fixture(scope="module")
-def job_python() -> Iterator[str]:
-    # As root, the launcher drops to uid 10000 and execs the job with its own interpreter, which
-    # must be runnable by that uid; job_interpreter builds one if this one is not.
-    workdir = Path(tempfile.mkdtemp(prefix="hf-emulator-python-"))
-    workdir.chmod(0o755)
-    try:
-        yield host.job_interpreter(str(workdir))
-    finally:
-        remove_tree(workdir)
 
 
 @pytest.fixture

@@ -44,11 +44,15 @@ class Launched:
         return data
 
 
-def job_script(name: str, **subst: object) -> str:
-    text = (JOBS / name).read_text()
+def fill(template: str, **subst: object) -> str:
+    """A job script template with each `@@KEY@@` replaced."""
     for key, value in subst.items():
-        text = text.replace(f"@@{key}@@", str(value))
-    return text
+        template = template.replace(f"@@{key}@@", str(value))
+    return template
+
+
+def job_script(name: str, **subst: object) -> str:
+    return fill((JOBS / name).read_text(), **subst)
 
 
 @pytest.fixture(scope="session")

@@ -16,12 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-from transformers import LlamaForCausalLM
+from safetensors.torch import save_file
 
 from graders.artifact import ANSWER_FILE, MAX_ANSWER_BYTES
 from graders.assets.datasets import write_dataset_repo
-from graders.assets.tiny_model import build_config, build_tokenizer
 from graders.checkpoint_files import MAX_TREE_DEPTH, MAX_TREE_ENTRIES
 from graders.result import GraderResult
 from graders.run import run_grader
@@ -160,21 +158,6 @@ def test_artifact_missing_checkpoint_mount_is_the_platforms_error(artifact_env: 
 
 
 # -- t0_arithmetic_format ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    directory = tmp_path_factory.mktemp("base")
-    tokenizer = build_tokenizer()
-    LlamaForCausalLM(build_config(tokenizer, hidden=16, layers=1)).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def base_tensors(base_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(base_dir / WEIGHTS)
 
 
 def raw_safetensors(header: bytes, data: bytes = b"", length: int | None = None) -> bytes:
