@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TOKEN = "hf_emulator_token"
 DEFAULT_NAMESPACE = "posttrain-dev"
+CANCEL_ANSWER_SECONDS = KILL_GRACE_SECONDS + 2.0
 MAX_RECORDED_REQUESTS = 100_000
 
 
@@ -418,8 +419,9 @@ class HfEmulator:
             with self.cond:
                 return job.to_wire(time.time())  # accepted, not honoured
         # A job that has not started is canceled at once; a running one is ended by its runner,
-        # which turns it CANCELED only once none of its processes is left. The answer waits for that.
-        deadline = time.monotonic() + KILL_GRACE_SECONDS + CONFIRM_SECONDS
+        # which turns it CANCELED only once none of its processes is left. The answer waits for that
+        # a little (long enough for a job that stops on SIGTERM), never longer than a client would.
+        deadline = time.monotonic() + CANCEL_ANSWER_SECONDS
         with self.cond:
             if job.stage == "SCHEDULING":
                 job.stage, job.message, job.finished_at = "CANCELED", None, time.time()

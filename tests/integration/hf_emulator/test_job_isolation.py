@@ -210,6 +210,7 @@ def test_a_job_cannot_read_trace_or_signal_a_sibling_nor_reach_a_host_socket(
         client.connect("\0" + name)
         listener.accept()[0].close()
     HfApi(endpoint=emu.url, token=emu.token).cancel_job(job_id=victim, namespace=emu.namespace)
+    assert finish(emu, victim)[0] == "CANCELED"
     assert host_pids_with(victim_marker) == set()
 
 

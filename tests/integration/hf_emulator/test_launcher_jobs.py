@@ -114,5 +114,5 @@ def test_cancel_stops_the_job_the_launcher_runs(emu: HfEmulator) -> None:
     wait_for_processes(marker)
     api = HfApi(endpoint=emu.url, token=emu.token)
     api.cancel_job(job_id=job_id, namespace=emu.namespace)
-    assert api.inspect_job(job_id=job_id, namespace=emu.namespace).status.stage == "CANCELED"
+    assert wait_terminal(api, emu, job_id).status.stage == "CANCELED"
     assert host_pids_with(marker) == set()
