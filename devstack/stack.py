@@ -29,7 +29,6 @@ from devstack.hf_emulator.repos import remove_tree
 from devstack.paths import run_root
 
 REPO = Path(__file__).resolve().parents[1]
-HF_TOKEN = "hf_devstack_emulator_token"
 HF_NAMESPACE = "posttrain-dev"
 BUCKET = f"{HF_NAMESPACE}/posttrain-outputs"
 SYSTEM_NAMESPACE = "posttrain-system"
@@ -58,11 +57,27 @@ def load() -> StackState | None:
 
 
 def _data_dir() -> Path:
-    # Job trees must be reachable by the launcher's uid 10000, so not under a private home directory.
-    path = Path(tempfile.gettempdir()) / f"posttrain-devstack-{os.getuid()}"
+    """This stack's own: keyed by its run directory, so two stacks never share (or wipe) one.
+
+    Job trees must be reachable by the launcher's uid 10000, so not under a private home directory.
+    """
+    key = hashlib.sha256(str(run_root().resolve()).encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"posttrain-devstack-{os.getuid()}-{key}"
     path.mkdir(exist_ok=True)
     path.chmod(0o711)
     return path
+
+
+def _emulator_token() -> tuple[str, Path]:
+    """A fresh token per stack, in a 0600 file: on no command line and in no log."""
+    token = f"hf_{secrets.token_urlsafe(24)}"
+    path = run_root() / "hf-emulator.token"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token)
+    return token, path
 
 
 def _spawn(name: str, argv: list[str], env: dict[str, str], logs: Path) -> int:
@@ -122,13 +137,14 @@ def up() -> StackState:
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAIN_", "GATEWAY_", "HF_"))}
     base_env.update(KUBECONFIG=str(kube.kubeconfig), HF_HUB_DISABLE_TELEMETRY="1")
     pids: dict[str, int] = {}
+    hf_token, hf_token_file = _emulator_token()
     try:
         emulator_port = cluster.free_port()
         repos = [f"--repo={a.ref.kind}:{a.ref.repo_id}@{a.ref.revision}={a.path}" for a in assets]
         pids["hf-emulator"] = _spawn(
             "hf-emulator",
             [python, "-m", "devstack.hf_emulator", f"--port={emulator_port}", f"--data-dir={data_dir / 'hf'}",
-             f"--token={HF_TOKEN}", f"--namespace={HF_NAMESPACE}", *repos],
+             f"--token-file={hf_token_file}", f"--namespace={HF_NAMESPACE}", *repos],
             base_env, logs,
         )  # fmt: skip
         emulator_url = f"http://127.0.0.1:{emulator_port}"
@@ -149,7 +165,7 @@ def up() -> StackState:
         operator_env = dict(
             base_env,
             POSTTRAIN_HF_ENDPOINT=emulator_url,
-            POSTTRAIN_HF_TOKEN=HF_TOKEN,
+            POSTTRAIN_HF_TOKEN=hf_token,
             POSTTRAIN_HF_NAMESPACE=HF_NAMESPACE,
             POSTTRAIN_HF_BUCKET=BUCKET,
             POSTTRAIN_POLL_INTERVAL_SECONDS="2",
@@ -236,7 +252,7 @@ def down(keep_cluster: bool = False) -> None:
         with contextlib.suppress(FileNotFoundError):
             _state_path().unlink()
         remove_tree(Path(state.data_dir))
-    for leftover in ("gateway-sa.kubeconfig", "gateway-sa.token"):
+    for leftover in ("gateway-sa.kubeconfig", "gateway-sa.token", "hf-emulator.token"):
         (run_root() / leftover).unlink(missing_ok=True)
     if not keep_cluster:
         cluster.down()

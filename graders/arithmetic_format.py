@@ -16,7 +16,7 @@ from graders.registry import DATASET_FILE, Task
 from graders.result import GraderResult
 from graders.scoring import exact_match_accuracy
 
-GRADER_VERSION = "arithmetic_format/1"
+GRADER_VERSION = "arithmetic_format/2"
 # " #### " plus at most a few digits and the end token; a longer answer is wrong anyway.
 MAX_NEW_TOKENS = 12
 TORCH_THREADS = 2

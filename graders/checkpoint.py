@@ -10,7 +10,13 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from graders.checkpoint_files import InvalidCheckpoint, scan_output_tree, weight_files
+from graders.checkpoint_files import (
+    InvalidCheckpoint,
+    agent_bytes,
+    checkpoint_root,
+    scan_output_tree,
+    weight_files,
+)
 
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 # Room for a float64 copy of the base plus slack; beyond that it is not a checkpoint of this model.
@@ -40,7 +46,8 @@ def base_tensor_shapes(base_dir: Path) -> dict[str, tuple[int, ...]]:
 def read_checkpoint_tensors(
     checkpoint_dir: Path, expected: dict[str, tuple[int, ...]]
 ) -> dict[str, torch.Tensor]:
-    """Tensors of the checkpoint, after checking names, shapes, dtypes and sizes against `expected`."""
+    """Tensors of the checkpoint, after checking names, shapes, dtypes, sizes and values (finite)
+    against `expected`. Call it inside `agent_bytes`: the safetensors library raises its own errors."""
     root = scan_output_tree(checkpoint_dir)
     files = weight_files(root)
     expected_bytes = sum(4 * _numel(shape) for shape in expected.values())
@@ -72,7 +79,10 @@ def read_checkpoint_tensors(
                     raise InvalidCheckpoint(
                         f"tensor {name!r} has dtype {view.get_dtype()}, expected a float type"
                     )
-                tensors[name] = handle.get_tensor(name)
+                tensor = handle.get_tensor(name)
+                if not bool(torch.isfinite(tensor).all()):
+                    raise InvalidCheckpoint(f"tensor {name!r} holds NaN or infinite values")
+                tensors[name] = tensor
     if unexpected:
         raise InvalidCheckpoint(f"unexpected tensors: {_names(unexpected)}")
     missing = set(expected) - set(tensors)
@@ -91,14 +101,18 @@ def _numel(shape: tuple[int, ...]) -> int:
 def load_strict(base_dir: Path, checkpoint_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The base model's architecture, config and tokenizer, with the checkpoint's weights.
 
-    Raises InvalidCheckpoint for anything the agent got wrong; other errors are the platform's.
+    Raises InvalidCheckpoint for anything wrong with the checkpoint's bytes; the base model's
+    failures (and a missing checkpoint mount) are the platform's and raise as themselves.
     """
-    tensors = read_checkpoint_tensors(checkpoint_dir, base_tensor_shapes(base_dir))
+    expected = base_tensor_shapes(base_dir)
+    checkpoint_root(checkpoint_dir)
+    with agent_bytes("the checkpoint cannot be read"):
+        tensors = read_checkpoint_tensors(checkpoint_dir, expected)
     tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(
         base_dir, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=torch.float32
     )
-    with torch.no_grad():
+    with torch.no_grad(), agent_bytes("the checkpoint's tensors do not load into the base model"):
         outcome = model.load_state_dict(tensors, strict=False)
     if outcome.unexpected_keys:
         # The names matched the base's files, so this is a mismatch between the base and its own code.

@@ -32,13 +32,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
     parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--token", default=DEFAULT_TOKEN)
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        help=f"a file holding the API token (never on a command line); default: {DEFAULT_TOKEN!r}",
+    )
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     parser.add_argument("--org", action="append", default=[], help="an extra namespace (repeatable)")
     parser.add_argument(
         "--interpreter",
         default="auto",
         help='what "python" in a job command runs; "auto": one the launcher can run as uid 10000',
+    )
+    parser.add_argument(
+        "--max-job-memory",
+        type=int,
+        metavar="BYTES",
+        help="cap on a job's memory whatever its flavor (default: the host's memory)",
     )
     parser.add_argument("--page-size", type=int, default=50)
     parser.add_argument("--scheduling-delay", type=float, default=0.0)
@@ -56,12 +66,20 @@ def main(argv: list[str] | None = None) -> int:
         help="register a local directory as a repository, e.g. model:org/m@main=./m (repeatable)",
     )
     args = parser.parse_args(argv)
+    token = DEFAULT_TOKEN
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            parser.error(f"--token-file: {exc}")
+        if not token:
+            parser.error(f"--token-file: {args.token_file} is empty")
 
     emulator = HfEmulator(
         args.data_dir,
         host=args.host,
         port=args.port,
-        token=args.token,
+        token=token,
         namespace=args.namespace,
         orgs=tuple(args.org),
         interpreter=_interpreter(args.interpreter, args.data_dir),
@@ -69,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduling_delay=args.scheduling_delay,
         execute=args.simulate is None,
         simulated_runtime=args.simulate or 0.0,
+        max_job_memory_bytes=args.max_job_memory,
     )
     for spec in args.repo:
         try:
@@ -82,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     emulator.start()
     print(f"HF_ENDPOINT={emulator.url}", flush=True)
-    print(f"namespace={emulator.namespace} token={emulator.token}", flush=True)
+    print(f"namespace={emulator.namespace}", flush=True)  # never the token: logs are read by many
     try:
         done.wait()
     except KeyboardInterrupt:

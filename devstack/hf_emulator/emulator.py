@@ -8,7 +8,6 @@ import logging
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -22,7 +21,16 @@ from devstack.hf_emulator.errors import ApiError
 from devstack.hf_emulator.faults import JOB_FAULTS, Fault, FaultBook
 from devstack.hf_emulator.hardware import FLAVORS
 from devstack.hf_emulator.http_api import EmulatorServer
-from devstack.hf_emulator.jobs import KILL_GRACE_SECONDS, Job, JobRunner, RunnerConfig, iso_z, kill_now
+from devstack.hf_emulator.isolation import Isolation
+from devstack.hf_emulator.jobs import (
+    CONFIRM_SECONDS,
+    KILL_GRACE_SECONDS,
+    Job,
+    JobRunner,
+    RunnerConfig,
+    iso_z,
+    request_end,
+)
 from devstack.hf_emulator.repos import RepoStore
 from devstack.hf_emulator.validation import SpecError, parse_job_spec
 
@@ -30,6 +38,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TOKEN = "hf_emulator_token"
 DEFAULT_NAMESPACE = "posttrain-dev"
+CANCEL_ANSWER_SECONDS = KILL_GRACE_SECONDS + 2.0
 MAX_RECORDED_REQUESTS = 100_000
 
 
@@ -107,7 +116,13 @@ class HfEmulator:
         simulated_runtime: float = 3600.0,
         keepalive_seconds: float = 30.0,
         metrics_interval: float = 1.0,
+        isolate: bool | None = None,
+        max_job_memory_bytes: int | None = None,
+        max_job_processes: int | None = None,
     ) -> None:
+        """`isolate`: run each job in namespaces and a cgroup of its own (`jobs.py`); the default is
+        to do so when running as root. `max_job_memory_bytes` and `max_job_processes` cap what a
+        flavor gives a job, for a machine smaller than the flavors (default: the host's memory)."""
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # uid 10000 (the launcher's) must traverse into job trees; the repo store stays 0700.
@@ -130,6 +145,16 @@ class HfEmulator:
         self.metrics_interval = metrics_interval
         self.repos = RepoStore(self.data_dir / "repos")
         self.faults = FaultBook()
+        if isolate is None:
+            isolate = execute and os.geteuid() == 0
+        if not isolate and execute:
+            why = "isolate=False" if os.geteuid() == 0 else "the emulator is not running as root"
+            log.warning("jobs are not isolated from each other or from the host: %s", why)
+        self.isolation = (
+            Isolation(max_job_memory_bytes=max_job_memory_bytes, max_job_processes=max_job_processes)
+            if isolate
+            else None
+        )
         self.runner_config = RunnerConfig(
             data_dir=self.data_dir,
             interpreter=interpreter,
@@ -137,10 +162,12 @@ class HfEmulator:
             scheduling_delay=scheduling_delay,
             execute=execute,
             simulated_runtime=simulated_runtime,
+            isolation=self.isolation,
         )
         self.cond = threading.Condition()
         self.stopping = False
         self._jobs: dict[str, Job] = {}
+        self._runners: dict[str, JobRunner] = {}
         self._seq = itertools.count(1)
         self._stats_lock = threading.Lock()
         self._stats = _Stats()
@@ -162,23 +189,26 @@ class HfEmulator:
         return self
 
     def stop(self) -> None:
-        """Stop serving and kill every running job."""
+        """Stop serving and end every running job (each confirmed gone, as on cancel)."""
         with self.cond:
             self.stopping = True
             jobs = list(self._jobs.values())
+            runners = list(self._runners.values())
             for job in jobs:
                 if not job.terminal:
                     job.stage, job.message, job.finished_at = "ERROR", "emulator stopped", time.time()
+                request_end(job)
             self.cond.notify_all()
+        deadline = time.monotonic() + KILL_GRACE_SECONDS + CONFIRM_SECONDS
+        for runner in runners:
+            if runner.thread.is_alive():
+                runner.thread.join(max(0.0, deadline - time.monotonic()))
         for job in jobs:
-            kill_now(job)
-        deadline = time.monotonic() + KILL_GRACE_SECONDS
-        for job in jobs:
-            if job.proc is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    job.proc.wait(max(0.0, deadline - time.monotonic()))
+            if job.proc is not None and job.proc.poll() is None:  # a runner that did not finish
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(job.proc.pid, signal.SIGKILL)
+        if self.isolation is not None:
+            self.isolation.close()
         self.faults.release_hangs()
         self._httpd.shutdown()
         self._httpd.server_close()
@@ -279,6 +309,12 @@ class HfEmulator:
         """The job's POSTTRAIN_ROOT: its volumes laid out at their mount paths."""
         return self.data_dir / "jobs" / job_id / "root"
 
+    def job_pids(self, job_id: str) -> set[int]:
+        """Host pids of the job's processes now (from its cgroup; empty without one)."""
+        with self.cond:
+            cgroup = self._jobs[job_id].cgroup
+        return cgroup.pids() if cgroup is not None else set()
+
     def job_ids(self) -> list[str]:
         with self.cond:
             return [j.id for j in sorted(self._jobs.values(), key=lambda j: j.seq)]
@@ -370,6 +406,7 @@ class HfEmulator:
             if self.stopping:
                 raise ApiError(503, "emulator is stopping")
             self._jobs[job.id] = job
+            self._runners[job.id] = runner
             wire = job.to_wire(now)
         with self._stats_lock:
             for k, v in spec.labels.items():
@@ -385,13 +422,18 @@ class HfEmulator:
         if self.faults.take_job_fault("cancel_ignored", job.id, job.spec.labels) is not None:
             with self.cond:
                 return job.to_wire(time.time())  # accepted, not honoured
+        # A job that has not started is canceled at once; a running one is ended by its runner,
+        # which turns it CANCELED only once none of its processes is left. The answer waits for that
+        # a little (long enough for a job that stops on SIGTERM), never longer than a client would.
+        deadline = time.monotonic() + CANCEL_ANSWER_SECONDS
         with self.cond:
-            if not job.terminal:
+            if job.stage == "SCHEDULING":
                 job.stage, job.message, job.finished_at = "CANCELED", None, time.time()
-                self.cond.notify_all()
-            wire = job.to_wire(time.time())
-        kill_now(job)
-        return wire
+            request_end(job)
+            self.cond.notify_all()
+            while not job.terminal and (remaining := deadline - time.monotonic()) > 0:
+                self.cond.wait(remaining)
+            return job.to_wire(time.time())
 
     def list_jobs(
         self, namespace: str, query: dict[str, list[str]], cursor: int | None
@@ -455,7 +497,10 @@ class HfEmulator:
         self, job: Job, prev: tuple[float, float] | None
     ) -> tuple[dict[str, Any], tuple[float, float]]:
         cpu_secs, rss = 0.0, 0
-        if job.proc is not None:
+        if job.cgroup is not None:
+            with contextlib.suppress(OSError, ValueError):
+                cpu_secs, rss = job.cgroup.cpu_seconds(), job.cgroup.memory_usage()
+        elif job.proc is not None:
             try:
                 fields = Path(f"/proc/{job.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
                 ticks = os.sysconf("SC_CLK_TCK")

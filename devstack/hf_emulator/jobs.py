@@ -1,5 +1,11 @@
 """Jobs: their state, and running each one for real as a local process.
 
+As root, each job runs isolated (`isolation.py`, `jail.py`): its own PID, mount, network, IPC, UTS
+and user namespaces, a file system view of its own tree and the interpreter only, and (on cgroup v1)
+its own cgroup with memory and pids limits from its flavor. Whatever ends a job, the emulator makes
+sure none of its processes is left before the stage turns terminal. Without root, jobs run as plain
+processes in their own process group.
+
 A job's command must start with "python" (the launcher image's entrypoint is
 `python -m posttrain_launcher`); "python" is replaced by the configured interpreter. The job runs in
 `<data>/jobs/<id>/work` with a clean environment (nothing of the emulator's own environment leaks in,
@@ -19,6 +25,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,14 +33,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from devstack.hf_emulator.cgroups import JobCgroup
 from devstack.hf_emulator.hardware import FLAVORS
-from devstack.hf_emulator.repos import RepoNotFound, RepoStore, make_read_only
+from devstack.hf_emulator.isolation import JAIL_SCRIPT, Isolation, JobLimits
+from devstack.hf_emulator.repos import RepoNotFound, RepoStore
+from devstack.hf_emulator.trees import UnsafeTree, check_publishable, copy_regular_file, make_read_only
 from devstack.hf_emulator.validation import JobSpec, VolumeSpec
 
 JOB_UID = 10000  # the launcher drops to this uid; its writable dirs must belong to it
 TERMINAL_STAGES = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
 MAX_LOG_LINES = 200_000
 KILL_GRACE_SECONDS = 3.0
+# How long ending a job may take once its processes are told to die, before the emulator says so.
+CONFIRM_SECONDS = 30.0
+RESOURCE_CHECK_SECONDS = 0.25
 
 
 def iso_z(ts: float) -> str:
@@ -69,6 +82,9 @@ class Job:
     vanish_at: float | None = None  # job_vanish fault: absolute time
     exit_code: int | None = None
     wake: threading.Event = field(default_factory=threading.Event)
+    # Set by cancel and by the emulator's shutdown: the runner ends the job and confirms it.
+    end_requested: bool = False
+    cgroup: JobCgroup | None = None
 
     @property
     def terminal(self) -> bool:
@@ -139,6 +155,7 @@ class RunnerConfig:
     scheduling_delay: float
     execute: bool  # False: no process; the job "runs" for simulated_runtime seconds (benchmarks)
     simulated_runtime: float
+    isolation: Isolation | None = None  # None: plain processes (the emulator is not root)
 
 
 class JobRunner:
@@ -160,9 +177,12 @@ class JobRunner:
         self.work = self.job_dir / "work"
         self._reader: threading.Thread | None = None
         self._outputs: list[tuple[Path, Path]] = []  # (dir in the job tree, bucket dir)
+        self._read_only: list[Path] = []  # read-only volumes, bound read-only into the job's view
+        self.limits: JobLimits | None = None
+        self.thread = threading.Thread(target=self._run, name=f"job-{job.id}", daemon=True)
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name=f"job-{self.job.id}", daemon=True).start()
+        self.thread.start()
 
     # -- state helpers (callers hold no lock) -------------------------------------------------
 
@@ -206,11 +226,17 @@ class JobRunner:
             # Outside the lock; a cancel meanwhile is seen by _supervise, which then kills the process.
             try:
                 job.proc = self._spawn(argv)
-            except OSError as exc:
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                self._end_processes()
                 self._finish("ERROR", f"failed to start: {exc}")
                 return
         stage, message = self._supervise()
-        self._publish_outputs()
+        leftover = self._end_processes()
+        if leftover is not None:
+            stage, message = "ERROR", leftover
+        refused = self._publish_outputs()
+        if refused is not None and stage == "COMPLETED":
+            stage, message = "ERROR", refused
         self._finish(stage, message)
 
     def _prepare(self) -> list[str] | None:
@@ -231,16 +257,18 @@ class JobRunner:
         dest = self.root / volume.mount_path.lstrip("/")
         if volume.type != "bucket":
             self.repos.materialize(volume.type, volume.source, volume.revision, volume.path, dest)
+            self._read_only.append(dest)
             return
         bucket = self.config.data_dir / "buckets" / volume.source
         source = bucket / volume.path if volume.path else bucket
         if volume.read_only:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir():
-                shutil.copytree(source, dest, symlinks=True)
+            if source.is_dir() and not source.is_symlink():
+                shutil.copytree(source, dest, symlinks=True, copy_function=copy_regular_file)
             else:
                 dest.mkdir()
             make_read_only(dest)
+            self._read_only.append(dest)
             return
         dest.mkdir(parents=True)
         if os.geteuid() == 0:
@@ -250,6 +278,12 @@ class JobRunner:
     def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
         job, spec = self.job, self.job.spec
         flavor = FLAVORS[spec.flavor]
+        isolation = self.config.isolation
+        if isolation is not None:
+            self.limits = isolation.limits(flavor)
+            flavor_env = self.limits.flavor_env(flavor.cpu_cores)
+        else:
+            flavor_env = {"CPU_CORES": str(flavor.cpu_cores), "MEMORY": flavor.ram.replace(" GB", "Gi")}
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "LANG": "C.UTF-8",
@@ -260,19 +294,49 @@ class JobRunner:
             **spec.secrets,
             "JOB_ID": job.id,
             "ACCELERATOR": spec.flavor if flavor.gpu_model else "none",
-            "CPU_CORES": str(flavor.cpu_cores),
-            "MEMORY": flavor.ram.replace(" GB", "Gi"),
+            **flavor_env,
             "POSTTRAIN_ROOT": str(self.root),
         }
-        proc = subprocess.Popen(
-            argv,
-            cwd=self.work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so cancel/timeout kill every descendant
-        )
+        if isolation is None or self.limits is None:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.work,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so cancel/timeout kill every descendant
+            )
+        else:
+            job.cgroup = isolation.job_cgroup(job.id, self.limits)
+            jail = isolation.jail_spec(
+                argv=argv,
+                env=env,
+                cwd=self.work,
+                job_dir=self.job_dir,
+                writable=[self.root, self.work],
+                read_only=self._read_only,
+                limits=self.limits,
+                cgroup=job.cgroup,
+            )
+            proc = subprocess.Popen(
+                # -I -S: the jail is standard library only, and must not pick up the host's site.
+                [sys.executable, "-I", "-S", JAIL_SCRIPT],
+                cwd="/",
+                env={"PATH": "/usr/bin:/bin"},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            assert proc.stdin is not None
+            try:
+                with proc.stdin:
+                    proc.stdin.write(jail.to_json().encode())
+            except OSError:
+                proc.kill()
+                proc.wait()
+                raise
         assert proc.stdout is not None
         self._reader = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
         self._reader.start()
@@ -288,6 +352,23 @@ class JobRunner:
         proc.wait()
         self.job.wake.set()
 
+    def _resource_failure(self) -> str | None:
+        """Why the job must end for want of memory or processes, if it must."""
+        cgroup, limits = self.job.cgroup, self.limits
+        if cgroup is None or limits is None:
+            return None
+        try:
+            if cgroup.process_limit_hits() > 0:
+                return f"the job reached its limit of {limits.max_processes} processes and threads"
+            if cgroup.oom_kills() > 0:
+                return (
+                    f"out of memory: the job used all of its {limits.memory_bytes} bytes "
+                    f"(flavor {self.job.spec.flavor}) and the kernel killed a process of it"
+                )
+        except (OSError, ValueError):
+            return None
+        return None
+
     def _supervise(self) -> tuple[str, str | None]:
         job = self.job
         assert job.started_at is not None
@@ -299,19 +380,27 @@ class JobRunner:
             job.wake.clear()
             now = time.time()
             with self.cond:
-                if job.stage == "CANCELED":
-                    self._kill()
-                    return "CANCELED", None
+                end_requested = job.end_requested
+            if end_requested:
+                self._kill()
+                return "CANCELED", None
             if job.vanished(now):
                 self._kill()
                 return "ERROR", "vanished (injected fault)"
             if job.fail_after is not None and now >= fail_at:
                 self._kill()
                 return "ERROR", job.fail_message
+            resource_failure = self._resource_failure()
+            if resource_failure is not None:
+                self._kill(grace=False)
+                return "ERROR", resource_failure
             if job.proc is not None and job.proc.poll() is not None:
                 self._drain()
                 code = job.proc.returncode
                 job.exit_code = code
+                resource_failure = self._resource_failure()
+                if resource_failure is not None:
+                    return "ERROR", resource_failure
                 return ("COMPLETED", None) if code == 0 else ("ERROR", f"Job failed with exit code: {code}")
             if now >= deadline:
                 if job.proc is None:
@@ -321,39 +410,82 @@ class JobRunner:
             # Job faults may be added later, so re-read them on each wake-up.
             fail_at = job.started_at + job.fail_after if job.fail_after is not None else math.inf
             vanish = job.vanish_at if job.vanish_at is not None else math.inf
-            job.wake.wait(max(0.0, min(deadline, fail_at, vanish) - now))
+            wake_at = min(deadline, fail_at, vanish)
+            if job.cgroup is not None:
+                wake_at = min(wake_at, now + RESOURCE_CHECK_SECONDS)
+            job.wake.wait(max(0.0, wake_at - now))
 
-    def _kill(self) -> None:
-        """SIGTERM, then SIGKILL after a grace period, as a container runtime stops a job.
+    def _kill(self, grace: bool = True) -> None:
+        """SIGTERM, then after a grace period every process of the job at once.
 
         SIGTERM first because the launcher keeps the job in a process group of its own: it forwards
-        the signal there and kills the job's leftovers itself, which a SIGKILL would prevent.
+        the signal there and kills the job's leftovers itself. Isolated, "at once" is SIGUSR1 to the
+        jail, which SIGKILLs the job's init, and with it its whole PID namespace; otherwise SIGKILL
+        to the process group.
         """
         proc = self.job.proc
         if proc is None:
             return
-        _signal_group(proc, signal.SIGTERM)
-        try:
-            proc.wait(KILL_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
+        if grace:
+            _signal_group(proc, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(KILL_GRACE_SECONDS)
+        if self.config.isolation is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(CONFIRM_SECONDS)
+        if proc.poll() is None:
             _signal_group(proc, signal.SIGKILL)
             proc.wait()
         _signal_group(proc, signal.SIGKILL)  # whatever is left in the group
         self.job.exit_code = proc.returncode
         self._drain()
 
+    def _end_processes(self) -> str | None:
+        """After the job's own process is gone: make sure nothing of it is left; a reason if not."""
+        cgroup = self.job.cgroup
+        if cgroup is None:
+            return None
+        try:
+            if not cgroup.kill_all(CONFIRM_SECONDS):
+                self._log(f"[emulator] processes of the job survived {CONFIRM_SECONDS}s of SIGKILL")
+                return "processes of the job could not be stopped"
+            cgroup.remove()
+        except OSError as exc:
+            self._log(f"[emulator] cannot confirm the job's processes are gone: {exc}")
+            return "the end of the job's processes could not be confirmed"
+        return None
+
     def _drain(self) -> None:
         # A descendant that left the process group can hold the pipe open: don't wait for it forever.
         if self._reader is not None:
             self._reader.join(KILL_GRACE_SECONDS)
 
-    def _publish_outputs(self) -> None:
+    def _publish_outputs(self) -> str | None:
+        """Copy each writable bucket volume into its bucket; a refusal's reason, if any.
+
+        Runs once no process of the job is left, so nothing changes the tree while it is checked.
+        A tree with a link leading outside itself, or a FIFO, socket or device, is not published
+        at all: a later job mounting the bucket, or the emulator serving it, must never be led
+        out of it.
+        """
+        for src, _ in self._outputs:
+            try:
+                check_publishable(src)
+            except (UnsafeTree, OSError) as exc:
+                reason = f"outputs not published: {exc}"
+                self._log(f"[emulator] {reason}")
+                return reason
         for src, bucket_dir in self._outputs:
             try:
                 bucket_dir.mkdir(parents=True, exist_ok=True)
-                shutil.copytree(src, bucket_dir, symlinks=True, dirs_exist_ok=True)
-            except OSError as exc:
+                shutil.copytree(
+                    src, bucket_dir, symlinks=True, dirs_exist_ok=True, copy_function=copy_regular_file
+                )
+            except (OSError, shutil.Error) as exc:
                 self._log(f"[emulator] could not publish outputs to the bucket: {exc}")
+        return None
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
@@ -362,8 +494,8 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
-def kill_now(job: Job) -> None:
-    """Cancel: start stopping the job at once; its runner escalates and records the exit."""
-    if job.proc is not None and job.proc.poll() is None:
-        _signal_group(job.proc, signal.SIGTERM)
+def request_end(job: Job) -> None:
+    """Cancel or shutdown: the job's runner ends it (SIGTERM, then everything) and confirms it.
+    Call with the emulator's condition held."""
+    job.end_requested = True
     job.wake.set()

@@ -15,39 +15,15 @@ import stat
 import threading
 from pathlib import Path
 
+from devstack.hf_emulator.trees import make_read_only, remove_tree
+
+__all__ = ["REPO_KINDS", "RepoNotFound", "RepoStore", "make_read_only", "remove_tree"]
+
 REPO_KINDS = ("model", "dataset", "space")
 
 
 class RepoNotFound(LookupError):
     pass
-
-
-def make_read_only(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in filenames:
-            p = Path(dirpath, name)
-            if not p.is_symlink():
-                p.chmod(0o444)
-        for name in dirnames:
-            Path(dirpath, name).chmod(0o555)
-    root.chmod(0o555)
-
-
-def make_writable(root: Path) -> None:
-    """Undo `make_read_only` on directories so a tree can be deleted."""
-    if not root.exists() or root.is_symlink():
-        return
-    root.chmod(0o755)
-    for dirpath, dirnames, _ in os.walk(root):
-        for name in dirnames:
-            p = Path(dirpath, name)
-            if not p.is_symlink():
-                p.chmod(0o755)
-
-
-def remove_tree(root: Path) -> None:
-    make_writable(root)
-    shutil.rmtree(root, ignore_errors=True)
 
 
 class RepoStore:

@@ -63,19 +63,19 @@ def job_environment(
     *,
     inputs: Mapping[str, str],
     output_dir: str,
-    scratch: str,
+    private: str,
     package_dir: str | None,
 ) -> dict[str, str]:
-    """`inputs` and `output_dir` are host paths (POSTTRAIN_ROOT applied); `scratch` is job-owned."""
+    """`inputs` and `output_dir` are host paths (POSTTRAIN_ROOT applied); `private` is job-owned."""
     env = scrub(environ)
-    home = os.path.join(scratch, "home")
+    home = os.path.join(private, "home")
     pythonpath = [package_dir] if package_dir else []
     # The image puts the launcher and graders on PYTHONPATH; grader scripts import them.
     pythonpath += [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env.update(
         {
             "HOME": home,
-            "TMPDIR": os.path.join(scratch, "tmp"),
+            "TMPDIR": os.path.join(private, "tmp"),
             "XDG_CACHE_HOME": os.path.join(home, ".cache"),
             "PYTHONNOUSERSITE": "1",
             "PYTHONUNBUFFERED": "1",

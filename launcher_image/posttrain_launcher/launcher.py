@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from types import FrameType
 
 from . import environment, packages, sandbox
+from .bounds import Bounds, BoundsError, derive_bounds
 from .spec import ROOT_ENV, JobSpec, SpecError, host_path, load_spec
 
 PREFIX = "posttrain-launcher: "
@@ -40,11 +42,14 @@ class Refusal(Exception):
 @dataclasses.dataclass(frozen=True)
 class PreparedJob:
     spec: JobSpec
-    scratch: str
-    script: str
+    scratch: str  # root-owned, 0711: the job can reach what is in it but cannot list or change it
+    private: str  # the job's own HOME and TMPDIR, 0700, under an unguessable name
+    script: str  # root-owned, read-only
+    cwd: str
     output_dir: str
     inputs: dict[str, str]
     env: dict[str, str]
+    bounds: Bounds
 
 
 def _say(message: str) -> None:
@@ -58,11 +63,19 @@ def _chown_to_job(path: str) -> None:
 
 
 def prepare(environ: Mapping[str, str]) -> PreparedJob:
-    """Parse and check everything, lay out scratch, install packages. Raises Refusal."""
+    """Parse and check everything, lay out scratch, install packages. Raises Refusal.
+
+    Scratch, for a job started as root: `<TMPDIR>/posttrain-job-XXXXXXXX/` (root, 0711) holding
+    `script.py` (root, 0444), `packages/` (root) and `<32 hex>/{home,tmp}` (the job's, 0700). Nothing
+    the job can write is on its `sys.path` (`python -P`, PYTHONPATH root-owned) and, for a grader,
+    its working directory is the root-owned scratch: code left behind by another job of the same
+    uid can neither find the private dir nor shadow a module the grader imports.
+    """
     try:
         spec = load_spec(environ)
         requirements = packages.check_requirements(spec.packages)
-    except (SpecError, packages.PackagePolicyError) as exc:
+        bounds = derive_bounds(environ, spec.limits)
+    except (SpecError, packages.PackagePolicyError, BoundsError) as exc:
         raise Refusal(str(exc)) from None
 
     root = environ.get(ROOT_ENV, "/") or "/"
@@ -81,13 +94,17 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
 
     scratch = tempfile.mkdtemp(prefix="posttrain-job-")
     try:
+        os.chmod(scratch, 0o711)
+        private = os.path.join(scratch, secrets.token_hex(16))
+        os.mkdir(private, 0o700)
+        _chown_to_job(private)
         for sub in ("home", "tmp"):
-            os.mkdir(os.path.join(scratch, sub))
-            _chown_to_job(os.path.join(scratch, sub))
-        _chown_to_job(scratch)
+            os.mkdir(os.path.join(private, sub), 0o700)
+            _chown_to_job(os.path.join(private, sub))
         script = os.path.join(scratch, "script.py")
         with open(script, "w", encoding="utf-8", errors="surrogatepass") as fh:
             fh.write(spec.script)
+        os.chmod(script, 0o444)
         package_dir = None
         if requirements:
             package_dir = os.path.join(scratch, "packages")
@@ -97,12 +114,13 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
                 raise Refusal(f"package install failed: {exc}") from None
             _say(f"installed {len(requirements)} package(s): {' '.join(requirements)}")
         env = environment.job_environment(
-            environ, spec, inputs=inputs, output_dir=output_dir, scratch=scratch, package_dir=package_dir
+            environ, spec, inputs=inputs, output_dir=output_dir, private=private, package_dir=package_dir
         )
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    return PreparedJob(spec, scratch, script, output_dir, inputs, env)
+    cwd = scratch if spec.role == "grader" else env["HOME"]
+    return PreparedJob(spec, scratch, private, script, cwd, output_dir, inputs, env, bounds)
 
 
 def _child(job: PreparedJob, out_w: int, err_w: int) -> None:
@@ -114,11 +132,17 @@ def _child(job: PreparedJob, out_w: int, err_w: int) -> None:
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        os.chdir(job.scratch)
+        os.chdir(job.cwd)
         limits = job.spec.limits
-        sandbox.lock_down(max_file_bytes=limits.max_output_bytes, max_open_files=limits.max_open_files)
+        sandbox.lock_down(
+            max_file_bytes=limits.max_output_bytes,
+            max_open_files=limits.max_open_files,
+            max_processes=job.bounds.processes,
+            max_memory_bytes=job.bounds.memory_bytes,
+        )
         _check_access(job)
-        os.execve(sys.executable, [sys.executable, job.script], job.env)
+        # -P: neither the script's directory nor the working directory goes on sys.path.
+        os.execve(sys.executable, [sys.executable, "-P", job.script], job.env)
     except BaseException as exc:
         try:
             os.write(2, f"{PREFIX}error: sandbox setup failed: {exc}\n".encode(errors="replace"))

@@ -76,18 +76,32 @@ def _fd_ceiling() -> int:
     return soft if soft != resource.RLIM_INFINITY and soft > 0 else 1 << 20
 
 
-def set_rlimits(max_file_bytes: int, max_open_files: int) -> None:
-    """Each file the job writes is capped (EFBIG: Python ignores SIGXFSZ); no core dumps."""
+def set_rlimits(max_file_bytes: int, max_open_files: int, max_processes: int, max_memory_bytes: int) -> None:
+    """Each file the job writes is capped (EFBIG: Python ignores SIGXFSZ); no core dumps; the job's
+    uid may run `max_processes` processes and threads (per user namespace: on a shared host without
+    one, that count is shared by every job of uid 10000); each process maps at most
+    `max_memory_bytes` (RLIMIT_AS; the backend's memory cgroup bounds the job as a whole).
+
+    Raises SandboxError unless every limit is in place and no higher than asked.
+    """
     limits = {
         resource.RLIMIT_CORE: 0,
         resource.RLIMIT_FSIZE: max_file_bytes,
         resource.RLIMIT_NOFILE: max_open_files,
+        resource.RLIMIT_NPROC: max_processes,
+        resource.RLIMIT_AS: max_memory_bytes,
     }
     for which, value in limits.items():
         _, hard = resource.getrlimit(which)
         if hard != resource.RLIM_INFINITY:
             value = min(value, hard)
-        resource.setrlimit(which, (value, value))
+        try:
+            resource.setrlimit(which, (value, value))
+        except (OSError, ValueError) as exc:
+            raise SandboxError(f"cannot set resource limit {which} to {value}: {exc}") from None
+        soft, hard = resource.getrlimit(which)
+        if resource.RLIM_INFINITY in (soft, hard) or max(soft, hard) > limits[which]:
+            raise SandboxError(f"resource limit {which} is {soft}/{hard}, not at most {limits[which]}")
 
 
 def drop_privileges() -> None:
@@ -110,7 +124,7 @@ def drop_privileges() -> None:
     raise SandboxError("could regain uid 0 after the drop")
 
 
-def lock_down(max_file_bytes: int, max_open_files: int) -> None:
+def lock_down(max_file_bytes: int, max_open_files: int, max_processes: int, max_memory_bytes: int) -> None:
     """Everything between fork and exec, in order. Raises SandboxError if any step fails.
 
     The filter is built before the fds are closed (libseccomp may open files) and loaded before
@@ -119,7 +133,7 @@ def lock_down(max_file_bytes: int, max_open_files: int) -> None:
     """
     flt = build_filter()
     close_inherited_fds()
-    set_rlimits(max_file_bytes, max_open_files)
+    set_rlimits(max_file_bytes, max_open_files, max_processes, max_memory_bytes)
     set_no_new_privs()
     try:
         flt.load()

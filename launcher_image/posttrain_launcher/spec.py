@@ -51,6 +51,9 @@ class Limits(BaseModel):
     max_output_bytes: int = Field(default=1 * GiB, ge=1 * KiB, le=1024 * GiB)
     max_log_bytes: int = Field(default=1 * MiB, ge=1 * KiB, le=256 * MiB)
     max_open_files: int = Field(default=1024, ge=64, le=65536)
+    # Lower the flavor's bounds (`bounds.py`); they can never raise them.
+    max_processes: int | None = Field(default=None, ge=16, le=1 << 22)
+    max_memory_bytes: int | None = Field(default=None, ge=64 * MiB, le=64 * 1024 * GiB)
 
 
 class JobSpec(BaseModel):

@@ -279,6 +279,13 @@ def pod_labels(config: PodsConfig, request: JobRequest) -> dict[str, str]:
     }
 
 
+def _resource_env(name: str, resource: str) -> dict[str, Any]:
+    """The container's own limit through the Downward API: bytes for memory, whole cores (rounded
+    up) for cpu."""
+    ref = {"containerName": CONTAINER, "resource": resource, "divisor": "1"}
+    return {"name": name, "valueFrom": {"resourceFieldRef": ref}}
+
+
 def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     flavor = config.flavors.get(request.flavor)
     if flavor is None:
@@ -334,6 +341,9 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
                             "value": json.dumps(request.launcher_spec, separators=(",", ":")),
                         },
                         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
+                        # The flavor, as HF Jobs states it; the launcher derives its rlimits from it.
+                        _resource_env("MEMORY", "limits.memory"),
+                        _resource_env("CPU_CORES", "limits.cpu"),
                     ],
                     "resources": {"requests": resources, "limits": dict(resources)},
                     "securityContext": {

@@ -72,7 +72,8 @@ def run_grader_job(python: str, root: Path, task: Task, inputs: dict[str, Path])
         inputs={name: place_input(root, name, path) for name, path in inputs.items()},
         output_dir="/outputs",
     )
-    env = launcher_env(spec, root=str(root), base={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    flavor = {"MEMORY": "16Gi", "CPU_CORES": "2"}  # as every backend states it (cpu-basic)
+    env = launcher_env(spec, root=str(root), base={**os.environ, **flavor, "PYTHONPATH": str(REPO_ROOT)})
     proc = subprocess.run(
         launcher_command(python), env=env, capture_output=True, text=True, timeout=600, check=False
     )

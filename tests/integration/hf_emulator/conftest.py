@@ -60,6 +60,20 @@ def data_dir() -> Iterator[Path]:
     remove_tree(path)
 
 
+@pytest.fixture(scope="session")
+def job_python() -> Iterator[str]:
+    """An interpreter uid 10000 can run: as root, the launcher drops to that uid and execs the job
+    with its own interpreter; `job_interpreter` builds one if this one is not."""
+    from posttrain_launcher.host import job_interpreter
+
+    workdir = Path(tempfile.mkdtemp(prefix="hf-emulator-python-"))
+    workdir.chmod(0o755)
+    try:
+        yield job_interpreter(str(workdir))
+    finally:
+        remove_tree(workdir)
+
+
 @pytest.fixture
 def make_emulator(data_dir: Path) -> Iterator[Callable[..., HfEmulator]]:
     started: list[HfEmulator] = []

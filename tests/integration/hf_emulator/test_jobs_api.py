@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def run(api: HfApi, emulator: HfEmulator, src: str, **kwargs: object) -> JobInfo
     )
 
 
-def wait_terminal(api: HfApi, emulator: HfEmulator, job_id: str, timeout: float = 30) -> JobInfo:
+def wait_terminal(api: HfApi, emulator: HfEmulator, job_id: str, timeout: float = 120) -> JobInfo:
     deadline = time.monotonic() + timeout
     while True:
         info = api.inspect_job(job_id=job_id, namespace=emulator.namespace)
@@ -43,7 +44,7 @@ def wait_terminal(api: HfApi, emulator: HfEmulator, job_id: str, timeout: float 
 
 
 def wait_running(api: HfApi, emulator: HfEmulator, job_id: str) -> JobInfo:
-    emulator.wait_for_stage(job_id, ("RUNNING", *TERMINAL), timeout=20)
+    emulator.wait_for_stage(job_id, ("RUNNING", *TERMINAL), timeout=120)
     return api.inspect_job(job_id=job_id, namespace=emulator.namespace)
 
 
@@ -88,12 +89,12 @@ def test_nonzero_exit_is_error_with_a_message(api: HfApi, emulator: HfEmulator) 
 
 
 def test_timeout_kills_the_job_and_ends_in_error(api: HfApi, emulator: HfEmulator) -> None:
-    job = run(api, emulator, "import time; print('start', flush=True); time.sleep(60)", timeout=1)
-    done = wait_terminal(api, emulator, job.id, timeout=15)
+    job = run(api, emulator, "import time; print('start', flush=True); time.sleep(600)", timeout=1)
+    done = wait_terminal(api, emulator, job.id)
     assert done.status.stage == "ERROR"
     assert done.status.message is not None and done.status.message.startswith("timeout")
     assert done.durations is not None and done.durations.running_secs is not None
-    assert done.durations.running_secs < 60  # killed, not left to sleep its minute out
+    assert done.durations.running_secs < 600  # stopped, not run to its end
 
 
 def test_non_python_commands_are_accepted_but_fail_to_start(api: HfApi, emulator: HfEmulator) -> None:
@@ -171,42 +172,54 @@ def test_metrics_stream_while_running_and_406_after(api: HfApi, emulator: HfEmul
     assert list(api.fetch_job_metrics(job_id=job.id, namespace=emulator.namespace)) == []
 
 
-def process_gone(pid: int) -> bool:
-    """Exited: no /proc entry, or a zombie nobody has reaped yet (e.g. PID 1 in a container)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
+def host_pids_with(marker: str) -> set[int]:
+    """Host pids of live processes whose command line holds `marker` (a job cannot tell its host
+    pid: it runs in a PID namespace of its own). Zombies are dead: not counted."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "cmdline").read_bytes():
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.add(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
 
 
-def wait_gone(pid: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not process_gone(pid):
-        assert time.monotonic() < deadline, f"process {pid} is still running"
-        time.sleep(0.05)
-
-
-def test_cancel_kills_the_process_group(api: HfApi, emulator: HfEmulator) -> None:
-    src = (
-        "import os, subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        "open(os.environ['POSTTRAIN_ROOT'] + '/out/pid', 'w').write(str(child.pid))\n"
-        "time.sleep(60)"
+def sleeper(marker: str) -> str:
+    """A job script whose child sleeps with `marker` on its command line, for `host_pids_with`."""
+    return (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}])\n"
+        "time.sleep(600)\n"
     )
-    volume = Volume(type="bucket", source=f"{emulator.namespace}/cancel", mount_path="/out")
-    job = run(api, emulator, src, volumes=[volume])
-    pid_file = emulator.job_root(job.id) / "out" / "pid"
-    deadline = time.monotonic() + 20
-    while not (pid_file.exists() and pid_file.read_text()):
-        assert time.monotonic() < deadline, "the job never wrote its child's pid"
+
+
+def wait_for_processes(marker: str, timeout: float = 120) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while not (pids := host_pids_with(marker)):
+        assert time.monotonic() < deadline, f"no process with {marker!r} ever ran"
         time.sleep(0.05)
-    child_pid = int(pid_file.read_text())
+    return pids
+
+
+def test_cancel_ends_every_process_of_the_job_before_it_reads_canceled(
+    api: HfApi, emulator: HfEmulator
+) -> None:
+    marker = f"cancel-child-{uuid.uuid4().hex}"
+    job = run(api, emulator, sleeper(marker))
+    wait_for_processes(marker)
     api.cancel_job(job_id=job.id, namespace=emulator.namespace)
 
-    info = api.inspect_job(job_id=job.id, namespace=emulator.namespace)
+    # Cancel answers once the job is ended, or after a few seconds on a slow machine: wait for it.
+    info = wait_terminal(api, emulator, job.id)
     assert info.status.stage == "CANCELED"
     assert info.finished_at is not None
-    wait_gone(child_pid)
+    # No wait here: the emulator confirms the job's processes are gone before the stage turns terminal.
+    assert host_pids_with(marker) == set()
     # Cancel is idempotent on a terminal job.
     api.cancel_job(job_id=job.id, namespace=emulator.namespace)
 
@@ -320,7 +333,7 @@ def test_volumes_are_laid_out_and_outputs_are_read_through_hffilesystem(
         "(out / 'ckpt').mkdir()\n"
         "(out / 'result.json').write_text(cfg)\n"
         "(out / 'ckpt' / 'big.bin').write_bytes(bytes(range(256)) * 40)\n"
-        "os.symlink('/etc/hostname', out / 'escape')\n"
+        "os.symlink('ckpt/big.bin', out / 'inner-link')\n"
         "print(sorted(p.name for p in (root / 'inputs/model').iterdir()))\n"
     )
     volumes = [
@@ -341,7 +354,9 @@ def test_volumes_are_laid_out_and_outputs_are_read_through_hffilesystem(
 
     fs = HfFileSystem(endpoint=emulator.url, token=emulator.token, skip_instance_cache=True)
     names = sorted(fs.ls(f"hf://buckets/{bucket}", detail=False))
-    assert names == [f"buckets/{bucket}/ckpt", f"buckets/{bucket}/result.json"]  # the symlink is not served
+    # A link that stays inside the outputs is published, but never served.
+    assert (emulator.bucket_path(bucket) / "inner-link").is_symlink()
+    assert names == [f"buckets/{bucket}/ckpt", f"buckets/{bucket}/result.json"]
     assert json.loads(fs.cat_file(f"hf://buckets/{bucket}/result.json")) == {"hidden": 8}
     with fs.open(f"hf://buckets/{bucket}/ckpt/big.bin", "rb", block_size=1000) as f:
         f.seek(5000)
@@ -353,9 +368,65 @@ def test_volumes_are_laid_out_and_outputs_are_read_through_hffilesystem(
         f"buckets/{bucket}/result.json",
     ]
     with pytest.raises(FileNotFoundError):
-        fs.cat_file(f"hf://buckets/{bucket}/escape")
+        fs.cat_file(f"hf://buckets/{bucket}/inner-link")
     with pytest.raises(FileNotFoundError):
         fs.ls(f"hf://buckets/{emulator.namespace}/no-such-bucket")
+
+
+@pytest.mark.parametrize(
+    ("plant", "reason"),
+    [
+        ("os.symlink(private, out / 'escape')", "'escape' is a symbolic link to"),
+        ("os.symlink('../..', out / 'sub' / 'up')", "'sub/up' is a symbolic link to '../..'"),
+        ("os.mkfifo(out / 'sub' / 'pipe')", "'sub/pipe' is not a regular file"),
+    ],
+)
+def test_outputs_that_lead_outside_themselves_are_not_published(
+    api: HfApi, emulator: HfEmulator, data_dir: Path, plant: str, reason: str
+) -> None:
+    private = data_dir / "private"
+    private.mkdir(mode=0o700)
+    (private / "secret").write_text("s")
+    bucket = f"{emulator.namespace}/refused"
+    src = (
+        "import os, pathlib\n"
+        f"private = {str(private)!r}\n"
+        "out = pathlib.Path(os.environ['POSTTRAIN_ROOT']) / 'outputs'\n"
+        "(out / 'sub').mkdir()\n"
+        "(out / 'sub' / 'ok.txt').write_text('fine')\n"
+        f"{plant}\n"
+    )
+    job = run(api, emulator, src, volumes=[Volume(type="bucket", source=bucket, mount_path="/outputs")])
+    done = wait_terminal(api, emulator, job.id)
+    assert done.status.stage == "ERROR"
+    assert done.status.message is not None
+    assert done.status.message.startswith("outputs not published: ")
+    assert reason in done.status.message
+    assert not (emulator.bucket_path(bucket) / "sub").exists()  # nothing of it, not just the link
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+
+
+def test_a_read_only_mount_of_a_bucket_holding_a_link_leaves_its_target_alone(
+    api: HfApi, emulator: HfEmulator, data_dir: Path
+) -> None:
+    """Read-only preparation of a bucket that holds a link (put there before publication was
+    checked) copies the link and chmods nothing it leads to."""
+    private = data_dir / "private"
+    private.mkdir(mode=0o700)
+    bucket = emulator.create_bucket(f"{emulator.namespace}/old")
+    (bucket / "data.txt").write_text("d")
+    (bucket / "link").symlink_to(private)
+    vol = Volume(type="bucket", source=f"{emulator.namespace}/old", mount_path="/in", read_only=True)
+    job = run(
+        api,
+        emulator,
+        "import os; print(sorted(os.listdir(os.environ['POSTTRAIN_ROOT'] + '/in')))",
+        volumes=[vol],
+    )
+    assert wait_terminal(api, emulator, job.id).status.stage == "COMPLETED"
+    assert list(api.fetch_job_logs(job_id=job.id, namespace=emulator.namespace)) == ["['data.txt', 'link']"]
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert stat.S_IMODE((emulator.job_root(job.id) / "in").stat().st_mode) == 0o555
 
 
 def test_a_read_only_bucket_mount_sees_earlier_outputs(api: HfApi, emulator: HfEmulator) -> None:
@@ -436,24 +507,43 @@ def test_every_request_is_recorded_for_leak_scans(api: HfApi, emulator: HfEmulat
     assert len(logged) == 2 and logged[0]["method"] == "POST"
 
 
-def test_cli_serves_until_terminated(data_dir: Path) -> None:
+def test_cli_serves_until_terminated_with_its_token_from_a_file(data_dir: Path) -> None:
     import subprocess
     import sys
 
+    token = f"hf_cli_{uuid.uuid4().hex}"
+    token_file = data_dir / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "devstack.hf_emulator", "--port", "0", "--data-dir", str(data_dir / "cli")],
+        [
+            sys.executable, "-m", "devstack.hf_emulator", "--port", "0",
+            "--data-dir", str(data_dir / "cli"), "--token-file", str(token_file),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
+    )  # fmt: skip
     try:
         assert proc.stdout is not None
         endpoint = proc.stdout.readline().strip().removeprefix("HF_ENDPOINT=")
-        api = HfApi(endpoint=endpoint, token="hf_emulator_token")
+        second = proc.stdout.readline()
+        api = HfApi(endpoint=endpoint, token=token)
         assert api.list_jobs_hardware()[0].name == "cpu-basic"
+        assert api.whoami()["name"] == emulator_namespace(second)
+        with pytest.raises(HfHubHTTPError) as err:
+            HfApi(endpoint=endpoint, token="hf_emulator_token").whoami()  # not the default any more
+        assert err.value.response.status_code == 401
+        # Neither on its command line nor in what it prints.
+        assert token.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        assert token not in second
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def emulator_namespace(line: str) -> str:
+    return line.strip().removeprefix("namespace=")
 
 
 def test_simulated_jobs_run_no_process(make_emulator: Callable[..., HfEmulator]) -> None:

@@ -4,33 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi, HfFileSystem, Volume
 
 from devstack.hf_emulator import HfEmulator
-from devstack.hf_emulator.repos import remove_tree
 
-from .test_jobs_api import IMAGE, wait_gone, wait_terminal
+from .test_jobs_api import IMAGE, host_pids_with, sleeper, wait_for_processes, wait_terminal
 
 launcher = pytest.importorskip("posttrain_launcher")
-host = pytest.importorskip("posttrain_launcher.host")
-
-
-@pytest.fixture(scope="module")
-def job_python() -> Iterator[str]:
-    # As root, the launcher drops to uid 10000 and execs the job with its own interpreter, which
-    # must be runnable by that uid; job_interpreter builds one if this one is not.
-    workdir = Path(tempfile.mkdtemp(prefix="hf-emulator-python-"))
-    workdir.chmod(0o755)
-    try:
-        yield host.job_interpreter(str(workdir))
-    finally:
-        remove_tree(workdir)
 
 
 @pytest.fixture
@@ -124,20 +109,10 @@ def test_a_refused_spec_ends_in_error(emu: HfEmulator) -> None:
 
 
 def test_cancel_stops_the_job_the_launcher_runs(emu: HfEmulator) -> None:
-    script = (
-        "import os, pathlib, time\n"
-        "(pathlib.Path(os.environ['POSTTRAIN_OUTPUT_DIR']) / 'pid').write_text(str(os.getpid()))\n"
-        "time.sleep(120)\n"
-    )
-    job_id = submit(emu, script, f"{emu.namespace}/cancel-out")
-    pid_file = emu.job_root(job_id) / "outputs" / "pid"
-    deadline = time.monotonic() + 60
-    while not (pid_file.exists() and pid_file.read_text()):
-        assert time.monotonic() < deadline, "the job never started"
-        time.sleep(0.1)
-    pid = int(pid_file.read_text())
+    marker = f"launcher-cancel-{uuid.uuid4().hex}"
+    job_id = submit(emu, sleeper(marker), f"{emu.namespace}/cancel-out")
+    wait_for_processes(marker)
     api = HfApi(endpoint=emu.url, token=emu.token)
     api.cancel_job(job_id=job_id, namespace=emu.namespace)
-    assert api.inspect_job(job_id=job_id, namespace=emu.namespace).status.stage == "CANCELED"
-    # The job sits in a process group of its own; the launcher forwards our SIGTERM to it.
-    wait_gone(pid)
+    assert wait_terminal(api, emu, job_id).status.stage == "CANCELED"
+    assert host_pids_with(marker) == set()

@@ -22,6 +22,8 @@ from posttrain_launcher import JobSpec, Limits, launcher_command, launcher_env
 from posttrain_launcher.host import job_interpreter
 
 JOBS = Path(__file__).parent / "jobs"
+# What every backend tells the container about its flavor (here cpu-basic), as HF Jobs does.
+FLAVOR_ENV = {"MEMORY": "16Gi", "CPU_CORES": "2"}
 
 requires_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="the sandbox tests launch as root, as a real job does (drop to uid 10000)"
@@ -42,11 +44,15 @@ class Launched:
         return data
 
 
-def job_script(name: str, **subst: object) -> str:
-    text = (JOBS / name).read_text()
+def fill(template: str, **subst: object) -> str:
+    """A job script template with each `@@KEY@@` replaced."""
     for key, value in subst.items():
-        text = text.replace(f"@@{key}@@", str(value))
-    return text
+        template = template.replace(f"@@{key}@@", str(value))
+    return template
+
+
+def job_script(name: str, **subst: object) -> str:
+    return fill((JOBS / name).read_text(), **subst)
 
 
 @pytest.fixture(scope="session")
@@ -84,16 +90,19 @@ def launch_job(
     extra_env: Mapping[str, str] | None = None,
     spec_json: str | None = None,
     timeout: float = 180,
+    role: str = "agent",
+    flavor: Mapping[str, str] = FLAVOR_ENV,
 ) -> Launched:
     spec = JobSpec(
-        role="agent",
+        role=role,
         script=script,
         packages=packages or [],
         inputs={"model": "/inputs/model"},
         output_dir="/outputs",
         limits=limits or Limits(),
     )
-    env = launcher_env(spec, root=str(root), base={**os.environ, **(extra_env or {})})
+    base = {k: v for k, v in os.environ.items() if k not in FLAVOR_ENV}
+    env = launcher_env(spec, root=str(root), base={**base, **flavor, **(extra_env or {})})
     if spec_json is not None:
         env["POSTTRAIN_JOB_SPEC"] = spec_json
     proc = subprocess.run(

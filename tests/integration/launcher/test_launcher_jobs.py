@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from posttrain_launcher import JobSpec, Limits, launcher_command, launcher_env
 
-from .conftest import Launch, job_script, requires_root
+from .conftest import FLAVOR_ENV, Launch, job_script, requires_root
 
 pytestmark = requires_root
 
@@ -95,7 +95,7 @@ def test_sigterm_to_the_launcher_reaches_the_job(job_python: str, job_root: Path
     spec = JobSpec(role="agent", script=script, output_dir="/outputs")
     proc = subprocess.Popen(
         launcher_command(job_python),
-        env=launcher_env(spec, root=str(job_root)),
+        env=launcher_env(spec, root=str(job_root), base={**os.environ, **FLAVOR_ENV}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -112,17 +112,31 @@ def test_sigterm_to_the_launcher_reaches_the_job(job_python: str, job_root: Path
 
 def test_scratch_is_private_and_removed_afterwards(launch: Launch) -> None:
     script = (
-        "import json, os, tempfile\n"
-        "info = {'home': os.environ['HOME'], 'tmp': tempfile.gettempdir(), 'cwd': os.getcwd()}\n"
-        "open(os.path.join(os.environ['HOME'], 'f'), 'w').write('x')\n"
+        "import json, os, stat, tempfile\n"
+        "home = os.environ['HOME']\n"
+        "private = os.path.dirname(home)\n"
+        "scratch = os.path.dirname(private)\n"
+        "try:\n    os.listdir(scratch)\n    listable = True\nexcept PermissionError:\n    listable = False\n"
+        "info = {'home': home, 'tmp': tempfile.gettempdir(), 'cwd': os.getcwd()}\n"
+        "info['scratch_listable'] = listable\n"
+        "info['private_mode'] = stat.S_IMODE(os.stat(private).st_mode)\n"
+        "info['script_writable'] = os.access(os.path.join(scratch, 'script.py'), os.W_OK)\n"
+        "info['scratch_writable'] = os.access(scratch, os.W_OK)\n"
+        "open(os.path.join(home, 'f'), 'w').write('x')\n"
         "json.dump(info, open(os.path.join(os.environ['POSTTRAIN_OUTPUT_DIR'], 'result.json'), 'w'))\n"
     )
     job = launch(script)
     assert job.returncode == 0, job.stderr
     info = job.result()
-    scratch = Path(info["cwd"])
-    assert Path(info["home"]).parent == scratch
-    assert Path(info["tmp"]).parent == scratch
+    private = Path(info["home"]).parent
+    scratch = private.parent
+    assert Path(info["tmp"]).parent == private
+    assert info["cwd"] == info["home"]  # an agent works in its own home
+    assert len(private.name) == 32  # 128 random bits: no other job can guess or pre-create it
+    assert info["private_mode"] == 0o700
+    assert info["scratch_listable"] is False
+    assert info["scratch_writable"] is False
+    assert info["script_writable"] is False
     assert not scratch.exists()
 
 
@@ -145,7 +159,9 @@ def test_an_unprivileged_launcher_still_locks_the_job_down(job_python: str, job_
     out.mkdir()
     os.chown(out, 10000, 10000)
     spec = JobSpec(role="agent", script=script, output_dir="/outputs")
-    env = launcher_env(spec, root=str(job_root), base={**os.environ, "HF_TOKEN": "hf_unprivileged_sentinel"})
+    env = launcher_env(
+        spec, root=str(job_root), base={**os.environ, **FLAVOR_ENV, "HF_TOKEN": "hf_unprivileged_sentinel"}
+    )
     proc = subprocess.run(
         launcher_command(job_python),
         env=env,

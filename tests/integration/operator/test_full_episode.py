@@ -77,3 +77,29 @@ def test_t0_artifact_episode_scores_zero_when_wrong(
     episode = _submit(kubectl, namespace, "wrong")
     assert episode["status"]["outcome"] == "Scored"
     assert episode["status"]["reward"] == "0"
+
+
+FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+
+
+def test_a_fork_bomb_fails_its_own_job_while_the_episode_goes_on_to_score(
+    kubectl: Kubectl, namespace: str, executing_operator: OperatorProcess, executing_emulator: HfEmulator
+) -> None:
+    """The agent's other job and the operator carry on: the bomb ends its own job, with the reason."""
+    apply(kubectl, namespace, episode_manifest("ep1", budget="0.05"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    apply(
+        kubectl,
+        namespace,
+        agentjob_manifest("bomb", "ep1", script=FORK_BOMB, timeoutSeconds=300),
+        agentjob_manifest("answer", "ep1", script=ARTIFACT_SCRIPT, timeoutSeconds=300),
+    )
+    terminal = {"Succeeded", "Failed", "Rejected"}
+    bomb = wait_phase(kubectl, namespace, "agentjob", "bomb", terminal, timeout=180)
+    answer = wait_phase(kubectl, namespace, "agentjob", "answer", terminal, timeout=180)
+    assert bomb["status"]["phase"] == "Failed"
+    assert "reached its limit of 512 processes and threads" in bomb["status"]["message"]
+    assert executing_emulator.job_pids(bomb["status"]["backendJobId"]) == set()
+    assert answer["status"]["phase"] == "Succeeded", json.dumps(answer["status"])[:2000]
+    episode = _submit(kubectl, namespace, "answer")
+    assert (episode["status"]["outcome"], episode["status"]["reward"]) == ("Scored", "1")

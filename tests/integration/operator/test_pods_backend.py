@@ -124,8 +124,10 @@ async def test_submit_isolates_the_episode_namespace_before_creating_a_hardened_
     assert container["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["resources"]["requests"] == container["resources"]["limits"]
     assert container["command"] == ["python", "-m", "posttrain_launcher"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert json.loads(env["POSTTRAIN_JOB_SPEC"])["script"] == "print(1)"
+    # The API server accepted the Downward API references the launcher's bounds come from.
+    assert {e["name"] for e in container["env"] if "valueFrom" in e} == {"MEMORY", "CPU_CORES"}
     assert pod["status"]["phase"] == "Pending"  # no node: it never runs here
 
     out = tmp_path / "store" / "outputs" / namespace / "ep1" / "aj-first"

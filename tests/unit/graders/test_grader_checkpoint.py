@@ -8,33 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-from transformers import LlamaForCausalLM
+from safetensors.torch import save_file
 
 from graders.assets.datasets import write_dataset_repo
-from graders.assets.tiny_model import build_config, build_tokenizer
 from graders.checkpoint import load_strict
 from graders.checkpoint_files import InvalidCheckpoint
 from graders.result import read_result
 from graders.run import main
 
 WEIGHTS = "model.safetensors"
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny untrained base of the task's architecture: loading rules do not depend on training."""
-    torch.manual_seed(0)
-    directory = tmp_path_factory.mktemp("base")
-    tokenizer = build_tokenizer()
-    LlamaForCausalLM(build_config(tokenizer, hidden=16, layers=1)).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture
-def base_tensors(base_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(base_dir / WEIGHTS)
 
 
 def write_checkpoint(directory: Path, tensors: dict[str, torch.Tensor]) -> Path:

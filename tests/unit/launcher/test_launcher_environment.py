@@ -70,7 +70,7 @@ def test_job_environment() -> None:
         spec,
         inputs={"model": "/r/inputs/model"},
         output_dir="/r/outputs",
-        scratch="/s",
+        private="/s",
         package_dir="/s/packages",
     )
     assert env == {
@@ -91,5 +91,5 @@ def test_job_environment() -> None:
 
 def test_no_pythonpath_without_packages_or_inherited_path() -> None:
     spec = JobSpec(role="grader", script="x", output_dir="/o")
-    env = job_environment({}, spec, inputs={}, output_dir="/o", scratch="/s", package_dir=None)
+    env = job_environment({}, spec, inputs={}, output_dir="/o", private="/s", package_dir=None)
     assert "PYTHONPATH" not in env

@@ -201,10 +201,17 @@ def test_pod_is_hardened() -> None:
     assert {"name": "scratch", "emptyDir": {"sizeLimit": "10Gi"}} in spec["volumes"]
 
 
-def test_pod_env_holds_the_job_spec_and_nothing_secret() -> None:
-    env = {e["name"]: e["value"] for e in _container(pod_body(CONFIG, _request()))["env"]}
-    assert set(env) == {"POSTTRAIN_JOB_SPEC", "HOME"}
+def test_pod_env_holds_the_job_spec_the_flavor_and_nothing_secret() -> None:
+    entries = _container(pod_body(CONFIG, _request()))["env"]
+    env = {e["name"]: e.get("value") for e in entries}
+    assert set(env) == {"POSTTRAIN_JOB_SPEC", "HOME", "MEMORY", "CPU_CORES"}
     assert env["POSTTRAIN_JOB_SPEC"] == '{"version":1,"role":"agent","script":"print(1)"}'
+    # The launcher's process and memory bounds come from the container's own limits.
+    refs = {e["name"]: e["valueFrom"]["resourceFieldRef"] for e in entries if "valueFrom" in e}
+    assert refs == {
+        "MEMORY": {"containerName": "job", "resource": "limits.memory", "divisor": "1"},
+        "CPU_CORES": {"containerName": "job", "resource": "limits.cpu", "divisor": "1"},
+    }
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,76 @@
+"""Process and memory bounds from the flavor (`MEMORY`, `CPU_CORES`), lowered by the spec's limits."""
+
+from __future__ import annotations
+
+import pytest
+from posttrain_launcher import Limits
+from posttrain_launcher.bounds import (
+    PROCESSES_PER_CPU,
+    Bounds,
+    BoundsError,
+    derive_bounds,
+    parse_cores,
+    parse_memory,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("16Gi", 16 << 30),
+        ("512Mi", 512 << 20),
+        ("8G", 8 * 10**9),
+        ("17179869184", 17179869184),
+        ("1Ti", 1 << 40),
+    ],
+)
+def test_memory_quantities(text: str, want: int) -> None:
+    assert parse_memory(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "16 GB", "-1Gi", "0", "1.5Gi", "16gi", "Gi", "1e9"])
+def test_bad_memory_quantities_are_refused(text: str) -> None:
+    with pytest.raises(BoundsError, match="MEMORY"):
+        parse_memory(text)
+
+
+@pytest.mark.parametrize(("text", "want"), [("2", 2), ("0.5", 1), ("1.01", 2), ("48", 48)])
+def test_cores_round_up(text: str, want: int) -> None:
+    assert parse_cores(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "0", "two", "-2", "2 vCPU"])
+def test_bad_cores_are_refused(text: str) -> None:
+    with pytest.raises(BoundsError, match="CPU_CORES"):
+        parse_cores(text)
+
+
+def test_bounds_come_from_the_flavor() -> None:
+    bounds = derive_bounds({"MEMORY": "16Gi", "CPU_CORES": "2"}, Limits())
+    assert bounds == Bounds(processes=2 * PROCESSES_PER_CPU, memory_bytes=16 << 30)
+
+
+def test_the_spec_can_lower_but_never_raise_them() -> None:
+    env = {"MEMORY": "16Gi", "CPU_CORES": "2"}
+    lower = derive_bounds(env, Limits(max_processes=64, max_memory_bytes=1 << 30))
+    assert lower == Bounds(processes=64, memory_bytes=1 << 30)
+    higher = derive_bounds(env, Limits(max_processes=1 << 20, max_memory_bytes=1 << 40))
+    assert higher == Bounds(processes=2 * PROCESSES_PER_CPU, memory_bytes=16 << 30)
+
+
+def test_the_spec_alone_is_enough() -> None:
+    assert derive_bounds({}, Limits(max_processes=64, max_memory_bytes=1 << 30)) == Bounds(64, 1 << 30)
+
+
+@pytest.mark.parametrize(
+    ("env", "limits", "missing"),
+    [
+        ({}, Limits(), "no memory bound"),
+        ({"CPU_CORES": "2"}, Limits(), "no memory bound"),
+        ({"MEMORY": "1Gi"}, Limits(), "no process bound"),
+        ({"MEMORY": "1Gi"}, Limits(max_memory_bytes=1 << 30), "no process bound"),
+    ],
+)
+def test_without_a_bound_the_job_is_refused(env: dict[str, str], limits: Limits, missing: str) -> None:
+    with pytest.raises(BoundsError, match=missing):
+        derive_bounds(env, limits)
