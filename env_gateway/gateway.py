@@ -7,18 +7,18 @@ all happen in `Gateway.call_tool`.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import API_VERSION, EpisodeSpec
 from posttrain_operator.api.money import USD_PATTERN
+from posttrain_operator.api.rules import now_utc, stored_token_hash, token_hash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from env_gateway.broker import BrokerClient
@@ -33,14 +33,6 @@ from graders.registry import Task, UnknownTaskError, get_task
 MAX_TOKEN_CHARS = 512
 # Tools whose result cannot change the Episode: the observation reuses the body the step wrote.
 READ_ONLY = {name for name, spec in TOOLS.items() if spec.read_only and name != "jobs_wait"}
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def now_utc() -> datetime:
-    return datetime.now(UTC)
 
 
 class AuthFailure(Exception):
@@ -158,10 +150,8 @@ class Gateway:
 
     @staticmethod
     def _matches(body: dict[str, Any], digest: str) -> bool:
-        stored = (body.get("status") or {}).get("agentTokenHash") or (body.get("spec") or {}).get(
-            "agentTokenHash"
-        )
-        return isinstance(stored, str) and hmac.compare_digest(stored.encode(), digest.encode())
+        stored = stored_token_hash(body)
+        return stored is not None and hmac.compare_digest(stored.encode(), digest.encode())
 
     def _view(self, body: dict[str, Any]) -> EpisodeView:
         try:

@@ -13,11 +13,12 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import API_VERSION, TERMINAL_JOB_PHASES, AgentJobStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
+from posttrain_operator.api.rules import ENDED_PHASES, EPISODE_LABEL
 from pydantic import BaseModel
 
 from env_gateway.broker import BrokerClient, BrokerError
 from env_gateway.config import GatewaySettings
-from env_gateway.episode_view import ENDED_PHASES, EpisodeView
+from env_gateway.episode_view import EpisodeView
 from env_gateway.kube import Kube, WatchExpired
 from env_gateway.schemas import (
     Args,
@@ -38,7 +39,6 @@ from env_gateway.schemas import (
     WaitResult,
 )
 
-EPISODE_LABEL = "posttrain.dev/episode"
 CREATED_BY_LABEL = "posttrain.dev/created-by"
 CREATED_BY = "env-gateway"
 # Phases after which admission has been decided.
@@ -154,16 +154,15 @@ async def _wait_for(
 async def task_info(ctx: ToolContext, _: NoArgs) -> dict[str, Any]:
     ep = ctx.episode
     view = ep.task.public_view().model_dump(mode="json")
+    limits = ep.limits
     view["episode"] = {
         "name": ep.name,
         "budget_usd": ep.spec.budget_usd,
-        "flavors": ep.spec.flavors or ep.task.default_flavors,
-        "max_steps": ep.max_steps,
-        "max_wall_seconds": ep.spec.limits.max_wall_seconds or ep.task.limits.max_wall_seconds,
-        "max_concurrent_jobs": ep.spec.limits.max_concurrent_jobs or ep.task.limits.max_concurrent_jobs,
-        "max_job_timeout_seconds": (
-            ep.spec.limits.max_job_timeout_seconds or ep.task.limits.max_job_timeout_seconds
-        ),
+        "flavors": ep.flavors,
+        "max_steps": limits.max_steps,
+        "max_wall_seconds": limits.max_wall_seconds,
+        "max_concurrent_jobs": limits.max_concurrent_jobs,
+        "max_job_timeout_seconds": limits.max_job_timeout_seconds,
         "submission": ep.spec.submission.checkpoint_from if ep.spec.submission else None,
     }
     return view
@@ -177,7 +176,7 @@ async def jobs_submit(ctx: ToolContext, args: SubmitJobArgs) -> JobResult:
         "purpose": "train",
         "script": args.script,
         "packages": args.packages,
-        "flavor": args.flavor or (ep.spec.flavors or ep.task.default_flavors)[0],
+        "flavor": args.flavor or ep.flavors[0],
         "timeoutSeconds": args.timeout_seconds,
         "datasets": args.datasets if args.datasets is not None else sorted(ep.task.agent_datasets),
     }
@@ -196,7 +195,7 @@ async def dev_evaluate(ctx: ToolContext, args: DevEvaluateArgs) -> JobResult:
     spec = {
         "episode": ep.name,
         "purpose": "devEval",
-        "flavor": (ep.spec.flavors or ep.task.default_flavors)[0],
+        "flavor": ep.flavors[0],
         "timeoutSeconds": args.timeout_seconds,
         "checkpointFrom": args.job,
     }

@@ -32,7 +32,7 @@ import stat
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from posttrain_operator.api.rules import EPISODE_LABEL, now_utc, parse_time
 from posttrain_operator.backends.base import (
     TERMINAL_STAGES,
     ArtifactInfo,
@@ -55,7 +56,6 @@ T = TypeVar("T")
 
 MANAGED_LABEL = "posttrain.dev/managed-by"
 KEY_LABEL = "posttrain.dev/key"
-EPISODE_LABEL = "posttrain.dev/episode"
 SOURCE_NAMESPACE_LABEL = "posttrain.dev/source-namespace"
 JOB_LABEL = "posttrain.dev/agentjob"
 # Label values are capped at 63 characters and hashed beyond; annotations keep the exact text.
@@ -354,14 +354,6 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     }
 
 
-def _time(value: Any) -> datetime | None:
-    if isinstance(value, datetime):
-        return value
-    if isinstance(value, str) and value:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return None
-
-
 def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
     """Pod phase and the job container's state -> RemoteStatus. Billing starts when the container
     runs, not when the pod is created (a pod may wait for a node or an image for a long time)."""
@@ -372,8 +364,8 @@ def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
     )
     state = container.get("state") or {}
     running, terminated, waiting = state.get("running"), state.get("terminated"), state.get("waiting")
-    started = _time((running or terminated or {}).get("startedAt"))
-    finished = _time((terminated or {}).get("finishedAt"))
+    started = parse_time((running or terminated or {}).get("startedAt"))
+    finished = parse_time((terminated or {}).get("finishedAt"))
     if phase == "Pending":
         reason, message = "", ""
         if waiting:
@@ -389,7 +381,7 @@ def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
     if phase in ("Succeeded", "Failed"):
         if finished is None and started is not None:
             # e.g. DeadlineExceeded before the kubelet recorded the container's end
-            times = [_time(c.get("lastTransitionTime")) for c in status.get("conditions") or []]
+            times = [parse_time(c.get("lastTransitionTime")) for c in status.get("conditions") or []]
             finished = max((t for t in times if t is not None), default=None)
         if phase == "Succeeded":
             return RemoteStatus("succeeded", "", started, finished, "Succeeded")
@@ -521,10 +513,6 @@ def _api_error(method: str, exc: ApiException) -> BackendError:
     return BackendError(f"{method}: HTTP {exc.status}: {detail}"[:1000], transient=transient)
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 @dataclass
 class _Memo:
     """Final statuses of pods this process deleted: a deleted pod is gone from the API, and
@@ -547,7 +535,7 @@ class PodsBackend:
         config: PodsConfig,
         api_client: client.ApiClient,
         *,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self.config = config
         self.stats = CallStats()

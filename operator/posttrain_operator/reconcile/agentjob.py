@@ -34,6 +34,14 @@ from posttrain_operator.api.models import (
     status_of,
 )
 from posttrain_operator.api.money import micro_to_usd
+from posttrain_operator.api.rules import (
+    EPISODE_LABEL,
+    allowed_flavors,
+    format_time,
+    jobs_running,
+    limits_in_force,
+    parse_time,
+)
 from posttrain_operator.backends.base import BackendError, Handle, RemoteStatus, UnknownFlavor
 from posttrain_operator.jobspec import (
     InvalidJob,
@@ -42,11 +50,10 @@ from posttrain_operator.jobspec import (
     output_prefix,
     validate_against_task,
 )
-from posttrain_operator.reconcile.context import Context, iso, parse_iso
+from posttrain_operator.reconcile.context import Context
 
 log = logging.getLogger(__name__)
 
-EPISODE_LABEL = "posttrain.dev/episode"
 ADMITTING_PHASES = {"Running"}
 SCORE_ADMITTING_PHASES = {"Running", "Scoring"}
 
@@ -94,8 +101,8 @@ def decide_admission(
         task = get_task(ep_spec.task)
     except UnknownTaskError as exc:
         return Rejection(cond.INVALID_JOB, str(exc))
-    flavors = ep_spec.flavors or task.default_flavors
-    max_timeout = ep_spec.limits.max_job_timeout_seconds or task.limits.max_job_timeout_seconds
+    flavors = allowed_flavors(ep_spec, task)
+    max_timeout = limits_in_force(ep_spec, task).max_job_timeout_seconds
     if spec.purpose == "score":
         max_timeout = max(max_timeout, spec.timeout_seconds)
     try:
@@ -120,9 +127,7 @@ def reserve_in(
     if status.phase not in allowed_phases:
         return None, Rejection(cond.EPISODE_NOT_RUNNING, f"episode is {status.phase}; no new jobs")
     if not platform:
-        active = sum(
-            1 for e in status.ledger.entries.values() if not e.platform and e.settled_micro_usd is None
-        )
+        active = jobs_running(status.ledger)
         if active >= max_concurrent:
             return None, Rejection(
                 cond.TOO_MANY_JOBS,
@@ -199,7 +204,7 @@ async def _admit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> A
         raise Retry(f"price lookup failed: {exc}") from exc
     amount = ledger_math.reservation_for(price, spec.timeout_seconds)
     platform = spec.purpose == "score"
-    max_concurrent = ep_spec.limits.max_concurrent_jobs or task.limits.max_concurrent_jobs
+    max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
     phases = SCORE_ADMITTING_PHASES if platform else ADMITTING_PHASES
     refused: list[Rejection] = []
 
@@ -285,7 +290,7 @@ async def _submit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> 
                 )
             task = get_task(EpisodeSpec.model_validate(episode["spec"]).task)  # type: ignore[index]
             request = build_request(spec=spec, task=task, namespace=namespace, job_name=name, uid=meta["uid"])
-            status = status.model_copy(update={"submit_started_at": iso(ctx.clock())})
+            status = status.model_copy(update={"submit_started_at": format_time(ctx.clock())})
             await _write_status(ctx, job, status)
             handle = await backend.submit(request)
         elif status.submit_started_at:
@@ -312,7 +317,7 @@ async def _submit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> 
 
 def submission_window_end(ctx: Context, status: AgentJobStatus) -> datetime | None:
     """Until when a submission begun at `submitStartedAt` may still reach the backend."""
-    started = parse_iso(status.submit_started_at)
+    started = parse_time(status.submit_started_at)
     if started is None:
         return None
     return started + timedelta(seconds=ctx.settings.submission_window_seconds)
@@ -395,8 +400,8 @@ async def finish_agentjob(
     }
     if remote is not None:
         update["backend_stage"] = remote.raw_stage or remote.stage
-        update["started_at"] = iso(remote.started_at) if remote.started_at else None
-        update["finished_at"] = iso(remote.finished_at) if remote.finished_at else iso(ctx.clock())
+        update["started_at"] = format_time(remote.started_at) if remote.started_at else None
+        update["finished_at"] = format_time(remote.finished_at or ctx.clock())
     prefix = output_prefix(namespace, spec.episode, name)
     if status.backend and status.backend_job_id and phase in ("Succeeded", "Failed"):
         try:
@@ -459,9 +464,9 @@ async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, 
         entry = OrphanedJob(
             name=name,
             backend_job_id=backend_job_id,
-            since=iso(now),
+            since=format_time(now),
             attempts=1,
-            next_attempt_at=iso(now + timedelta(seconds=ctx.settings.orphan_retry_initial_seconds)),
+            next_attempt_at=format_time(now + timedelta(seconds=ctx.settings.orphan_retry_initial_seconds)),
         )
         orphans = [*current.orphaned_jobs, entry]
         return with_orphan_condition(ctx, episode, current.model_copy(update={"orphaned_jobs": orphans}))

@@ -4,7 +4,6 @@ submission, end, cancel everything, and retry unconfirmed cancellations with bac
 from __future__ import annotations
 
 import base64
-import hashlib
 import logging
 import secrets
 from dataclasses import dataclass
@@ -23,23 +22,25 @@ from posttrain_operator.api.models import (
     status_of,
 )
 from posttrain_operator.api.money import usd_to_micro
+from posttrain_operator.api.rules import (
+    ENDED_PHASES,
+    EPISODE_LABEL,
+    allowed_flavors,
+    format_time,
+    jobs_running,
+    limits_in_force,
+    parse_time,
+    remaining_micro_usd,
+    token_hash,
+)
 from posttrain_operator.backends.base import BackendError, SupportsEpisodeCleanup
 from posttrain_operator.ledger import with_totals
-from posttrain_operator.reconcile.agentjob import (
-    EPISODE_LABEL,
-    cancel_agentjob,
-    with_orphan_condition,
-)
-from posttrain_operator.reconcile.context import Context, iso, parse_iso
+from posttrain_operator.reconcile.agentjob import cancel_agentjob, with_orphan_condition
+from posttrain_operator.reconcile.context import Context
 
 log = logging.getLogger(__name__)
 
-ENDED_PHASES = {"Completed", "Failed"}
 TOKEN_SECRET_KEY = "token"
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -57,18 +58,16 @@ def limit_reached(
     spec: EpisodeSpec, status: EpisodeStatus, task: Task, now: datetime, cheapest_price: int | None
 ) -> End | None:
     """The step, wall-time and budget limits: each ends the episode with reward "0"."""
-    max_steps = spec.limits.max_steps or task.limits.max_steps
+    max_steps = limits_in_force(spec, task).max_steps
     if status.steps >= max_steps:
         return End(
             "LimitReached", "0", f"step limit reached ({status.steps} of {max_steps}) without a submission"
         )
-    deadline = parse_iso(status.deadline)
+    deadline = parse_time(status.deadline)
     if deadline is not None and now >= deadline:
         return End("LimitReached", "0", "wall-time limit reached without a submission")
-    ledger = status.ledger
-    running = any(not e.platform and e.settled_micro_usd is None for e in ledger.entries.values())
-    remaining = ledger.budget_micro_usd - ledger.reserved_micro_usd - ledger.settled_micro_usd
-    if cheapest_price is not None and not running and remaining < cheapest_price:
+    remaining = remaining_micro_usd(spec, status.ledger)
+    if cheapest_price is not None and not jobs_running(status.ledger) and remaining < cheapest_price:
         return End("LimitReached", "0", "budget exhausted: no job can be admitted any more")
     return None
 
@@ -175,7 +174,7 @@ def _has_unsettled_jobs(status: EpisodeStatus) -> bool:
 async def _cheapest_price(ctx: Context, spec: EpisodeSpec, task: Task) -> int | None:
     backend = ctx.backend(spec.backend)
     prices = []
-    for flavor in spec.flavors or task.default_flavors:
+    for flavor in allowed_flavors(spec, task):
         try:
             prices.append(await backend.price(flavor))
         except BackendError:
@@ -209,7 +208,7 @@ async def _start(
         return
     token_hash_, secret_name = await _agent_token(ctx, body, spec)
     now = ctx.clock()
-    wall = spec.limits.max_wall_seconds or task.limits.max_wall_seconds
+    wall = limits_in_force(spec, task).max_wall_seconds
     ledger = with_totals(status.ledger.model_copy(update={"budget_micro_usd": usd_to_micro(spec.budget_usd)}))
     conditions = status.conditions
     if any(c.type == cond.BLOCKED for c in conditions):
@@ -219,8 +218,8 @@ async def _start(
         ctx,
         body,
         phase="Running",
-        started_at=iso(now),
-        deadline=iso(now + timedelta(seconds=wall)),
+        started_at=format_time(now),
+        deadline=format_time(now + timedelta(seconds=wall)),
         ledger=ledger,
         agent_token_hash=token_hash_,
         agent_token_secret=secret_name,
@@ -269,7 +268,7 @@ async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
         outcome=end.outcome,
         reward=end.reward,
         message=end.message,
-        ended_at=iso(ctx.clock()),
+        ended_at=format_time(ctx.clock()),
         conditions=conditions,
     )
     ctx.emit(body, "Normal" if end.outcome == "Scored" else "Warning", end.outcome, end.message)
@@ -372,7 +371,7 @@ async def _ensure_score_job(
             "spec": {
                 "episode": meta["name"],
                 "purpose": "score",
-                "flavor": (spec.flavors or task.default_flavors)[0],
+                "flavor": allowed_flavors(spec, task)[0],
                 "timeoutSeconds": spec.scoring.timeout_seconds or task.scoring_timeout_seconds,
                 "checkpointFrom": spec.submission.checkpoint_from,
             },
@@ -402,7 +401,7 @@ async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
     status = status_of(EpisodeStatus, body.get("status"))
     now = ctx.clock()
     for orphan in status.orphaned_jobs:
-        due = parse_iso(orphan.next_attempt_at)
+        due = parse_time(orphan.next_attempt_at)
         if due is not None and now < due:
             continue
         async with ctx.locks("agentjob", namespace, orphan.name):
@@ -420,10 +419,9 @@ async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
         def bump(
             episode: dict[str, Any], current: EpisodeStatus, job: str = orphan.name, wait: float = delay
         ) -> EpisodeStatus | None:
+            due = format_time(now + timedelta(seconds=wait))
             orphans = [
-                o.model_copy(
-                    update={"attempts": o.attempts + 1, "next_attempt_at": iso(now + timedelta(seconds=wait))}
-                )
+                o.model_copy(update={"attempts": o.attempts + 1, "next_attempt_at": due})
                 if o.name == job
                 else o
                 for o in current.orphaned_jobs
