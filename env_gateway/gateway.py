@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import API_VERSION, EpisodeSpec
 from posttrain_operator.api.money import USD_PATTERN
 from posttrain_operator.api.rules import now_utc, stored_token_hash, token_hash
@@ -24,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from env_gateway.broker import BrokerClient
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
-from env_gateway.kube import Kube
+from env_gateway.kube import Kube, Refused
 from env_gateway.schemas import Outcome, ToolFailure
 from env_gateway.steps import StepCounter, StepLimitReached
 from env_gateway.tools import CREATED_BY, CREATED_BY_LABEL, TOOLS, ToolContext
@@ -297,12 +296,8 @@ class Gateway:
         }
         try:
             created = await self.kube.create(self.settings.namespace, "episodes", body)
-        except ApiException as exc:
-            if exc.status in (400, 422):
-                raise ToolFailure(
-                    "invalid_reset", f"the API server refused the Episode: {exc.body!s:.500}"
-                ) from exc
-            raise
+        except Refused as exc:
+            raise ToolFailure("invalid_reset", f"the API server refused the Episode: {exc.detail}") from exc
         started = await self._await_start(created)
         self._by_hash[token_hash(token)] = created["metadata"]["name"]
         return ResetResult(self._view(started), agent_token=token)
@@ -335,9 +330,7 @@ class Gateway:
             if c.get("type") == "Blocked" and c.get("status") == "True"
         ]
         if blocking and status.get("phase") in (None, "Pending"):
-            await self.kube.custom.delete_namespaced_custom_object(
-                "posttrain.dev", "v1alpha1", meta["namespace"], "episodes", meta["name"]
-            )
+            await self.kube.delete_episode(meta["namespace"], meta["name"])
             raise ToolFailure(
                 "namespace_blocked", blocking[0].get("message", "orphaned jobs block new episodes")
             )

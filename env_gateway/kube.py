@@ -1,4 +1,5 @@
-"""The gateway's Kubernetes access: Episodes and AgentJobs only (it never reads Secrets)."""
+"""The gateway's Kubernetes access: Episodes and AgentJobs only (it never reads Secrets). The only
+gateway module that calls the API; refusals come out as `Refused`, never as the client's exceptions."""
 
 from __future__ import annotations
 
@@ -18,6 +19,19 @@ Obj = dict[str, Any]
 
 class Conflict(Exception):
     """A precondition (JSON-patch `test` or resourceVersion) failed: someone wrote first."""
+
+
+class Refused(Exception):
+    """The API server refused a write (400/422: invalid, 409: conflicting); nothing was written."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+    @classmethod
+    def of(cls, exc: ApiException) -> Refused:
+        return cls(exc.status, f"{exc.body!s:.500}")
 
 
 class WatchExpired(Exception):
@@ -103,22 +117,41 @@ class Kube:
         return [j for j in found["items"] if j.get("spec", {}).get("episode") == episode]
 
     async def create(self, namespace: str, plural: str, body: Obj) -> Obj:
-        created: Obj = await self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, plural, body
-        )
+        """Raises Refused when the schema refuses the object (400/422)."""
+        try:
+            created: Obj = await self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, body
+            )
+        except ApiException as exc:
+            if exc.status in (400, 422):
+                raise Refused.of(exc) from exc
+            raise
         return created
 
     async def merge_patch_episode(self, namespace: str, name: str, patch: Obj) -> Obj:
-        patched: Obj = await self.custom.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            namespace,
-            "episodes",
-            name,
-            patch,
-            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
-        )
+        """Raises Refused when a validation rule (e.g. an immutable field) refuses it (409/422)."""
+        try:
+            patched: Obj = await self.custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                "episodes",
+                name,
+                patch,
+                _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+            )
+        except ApiException as exc:
+            if exc.status in (409, 422):
+                raise Refused.of(exc) from exc
+            raise
         return patched
+
+    async def delete_episode(self, namespace: str, name: str) -> None:
+        try:
+            await self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "episodes", name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     async def set_steps(self, namespace: str, name: str, current: Obj, steps: int) -> Obj:
         """Write status.steps only if nobody changed it since `current` was read (else Conflict)."""

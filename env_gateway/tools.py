@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import API_VERSION, TERMINAL_JOB_PHASES, AgentJobStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import ENDED_PHASES, EPISODE_LABEL
@@ -19,7 +18,7 @@ from pydantic import BaseModel
 from env_gateway.broker import BrokerClient, BrokerError
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
-from env_gateway.kube import Kube, WatchExpired
+from env_gateway.kube import Kube, Refused, WatchExpired
 from env_gateway.schemas import (
     Args,
     CancelResult,
@@ -107,10 +106,8 @@ async def _create_and_await_admission(ctx: ToolContext, body: dict[str, Any]) ->
     }
     try:
         job = await ctx.kube.create(ep.namespace, "agentjobs", body)
-    except ApiException as exc:
-        if exc.status in (400, 422):  # the CRD schema refused it: nothing was created
-            raise ToolFailure("invalid_job", f"the API server refused the job: {exc.body!s:.500}") from exc
-        raise
+    except Refused as exc:  # the CRD schema refused it: nothing was created
+        raise ToolFailure("invalid_job", f"the API server refused the job: {exc.detail}") from exc
     name = job["metadata"]["name"]
     job = await _wait_for(
         ctx, name, job, lambda j: _phase(j) in DECIDED_PHASES, ctx.settings.submit_admission_wait_seconds
@@ -302,10 +299,8 @@ async def submit(ctx: ToolContext, args: JobArgs) -> SubmitResult:
         await ctx.kube.merge_patch_episode(
             ep.namespace, ep.name, {"spec": {"submission": {"checkpointFrom": args.job}}}
         )
-    except ApiException as exc:
-        if exc.status in (409, 422):  # CEL: settable exactly once
-            raise ToolFailure("already_submitted", "the episode's submission is already set") from exc
-        raise
+    except Refused as exc:  # CEL: settable exactly once
+        raise ToolFailure("already_submitted", "the episode's submission is already set") from exc
     return SubmitResult(
         submitted=args.job,
         message=(

@@ -19,8 +19,10 @@ from posttrain_operator.api.models import GROUP, VERSION
 from posttrain_operator.backends.base import BackendError
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Conflict
-from posttrain_operator.reconcile.agentjob import Retry, cancel_agentjob, reconcile_agentjob
+from posttrain_operator.reconcile.admission import reconcile_agentjob
+from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.episode import finalize_episode, reconcile_episode
+from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
 from posttrain_operator.runtime import build_context
 
@@ -72,7 +74,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await memo.poller
     await memo.broker.cleanup()
-    await memo.ctx.kube.custom.api_client.close()
+    await memo.ctx.kube.close()
 
 
 @kopf.on.create(*AGENTJOBS)

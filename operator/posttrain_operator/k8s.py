@@ -1,5 +1,6 @@
 """Kubernetes API calls the operator makes beyond kopf's own: reads, compare-and-swap status writes,
-merge patches, and creates. Nothing here decides anything."""
+merge patches, creates, Events and TokenReviews. Nothing here decides anything, and no other module
+of the operator (the pods backend aside, which owns its own objects) calls the API."""
 
 from __future__ import annotations
 
@@ -31,13 +32,33 @@ async def make_api_client() -> client.ApiClient:
 
 
 class Kube:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(
+        self,
+        custom: client.CustomObjectsApi,
+        core: client.CoreV1Api,
+        auth: client.AuthenticationV1Api,
+        api_client: client.ApiClient | None = None,
+    ) -> None:
         self.api_client = api_client
-        self.custom = client.CustomObjectsApi(api_client)
-        self.core = client.CoreV1Api(api_client)
+        self.custom = custom
+        self.core = core
+        self.auth = auth
         # Ledger writers in this process take turns per Episode, so the compare-and-swap only
         # ever races with other processes (the gateway's step counter), never with itself.
         self._episode_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    @classmethod
+    def connect(cls, api_client: client.ApiClient) -> Kube:
+        return cls(
+            client.CustomObjectsApi(api_client),
+            client.CoreV1Api(api_client),
+            client.AuthenticationV1Api(api_client),
+            api_client,
+        )
+
+    async def close(self) -> None:
+        if self.api_client is not None:
+            await self.api_client.close()
 
     async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -159,6 +180,22 @@ class Kube:
                 return False
             raise
         return True
+
+    async def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        """A Secret's data, base64-encoded as the API serves it."""
+        secret = await self.core.read_namespaced_secret(name, namespace)
+        return dict(secret.data or {})
+
+    async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        await self.core.create_namespaced_event(namespace, event)  # type: ignore[arg-type]
+
+    async def review_token(self, token: str) -> str | None:
+        """The username a bearer token authenticates as (TokenReview), or None if it is rejected."""
+        review = await self.auth.create_token_review(
+            client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))
+        )
+        status = review.status
+        return status.user.username if status and status.authenticated and status.user else None
 
 
 async def retry_conflicts(fn: Callable[[], Awaitable[T]], attempts: int = CAS_ATTEMPTS) -> T:

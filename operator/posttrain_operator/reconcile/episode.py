@@ -35,8 +35,9 @@ from posttrain_operator.api.rules import (
 )
 from posttrain_operator.backends.base import BackendError, SupportsEpisodeCleanup
 from posttrain_operator.ledger import with_totals
-from posttrain_operator.reconcile.agentjob import cancel_agentjob, with_orphan_condition
+from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.orphans import collect_orphans
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +254,8 @@ async def _agent_token(ctx: Context, body: dict[str, Any], spec: EpisodeSpec) ->
         },
     )
     if not created:  # a retry after a crash: the Secret from the first attempt is the truth
-        existing = await ctx.kube.core.read_namespaced_secret(secret_name, meta["namespace"])
-        token = base64.b64decode(existing.data[TOKEN_SECRET_KEY]).decode()
+        existing = await ctx.kube.read_secret_data(meta["namespace"], secret_name)
+        token = base64.b64decode(existing[TOKEN_SECRET_KEY]).decode()
     return token_hash(token), secret_name
 
 
@@ -286,21 +287,6 @@ async def release_backend_resources(ctx: Context, body: dict[str, Any]) -> None:
             await backend.release_episode(meta["namespace"], meta["name"])
         except Exception as exc:
             log.warning("releasing %s/%s on its backend failed: %s", meta["namespace"], meta["name"], exc)
-
-
-async def cancel_all(
-    ctx: Context, body: dict[str, Any], reason: str, message: str, *, keep: str | None = None
-) -> bool:
-    """Cancel every non-terminal job of the episode; True when every cancellation is confirmed."""
-    meta = body["metadata"]
-    confirmed = True
-    for job in await ctx.kube.list_agentjobs(meta["namespace"], meta["name"]):
-        job_name = job["metadata"]["name"]
-        if job_name == keep or status_of(AgentJobStatus, job.get("status")).phase in TERMINAL_JOB_PHASES:
-            continue
-        async with ctx.locks("agentjob", meta["namespace"], job_name):
-            confirmed = await cancel_agentjob(ctx, meta["namespace"], job_name, reason, message) and confirmed
-    return confirmed
 
 
 async def _start_scoring(
@@ -391,44 +377,6 @@ async def _check_scoring(
     end = scoring_outcome(job)
     if end is not None:
         await end_episode(ctx, body, end)
-
-
-async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
-    """Retry each due orphan's cancellation, with exponential backoff between attempts."""
-    body = await ctx.kube.get_episode(namespace, name)
-    if body is None:
-        return
-    status = status_of(EpisodeStatus, body.get("status"))
-    now = ctx.clock()
-    for orphan in status.orphaned_jobs:
-        due = parse_time(orphan.next_attempt_at)
-        if due is not None and now < due:
-            continue
-        async with ctx.locks("agentjob", namespace, orphan.name):
-            confirmed = await cancel_agentjob(
-                ctx, namespace, orphan.name, cond.EPISODE_ENDED, "orphan collected"
-            )
-        if confirmed:
-            ctx.emit(body, "Normal", "OrphanCollected", f"backend confirmed cancellation of {orphan.name}")
-            continue
-        delay = min(
-            ctx.settings.orphan_retry_max_seconds,
-            ctx.settings.orphan_retry_initial_seconds * 2 ** min(orphan.attempts, 16),
-        )
-
-        def bump(
-            episode: dict[str, Any], current: EpisodeStatus, job: str = orphan.name, wait: float = delay
-        ) -> EpisodeStatus | None:
-            due = format_time(now + timedelta(seconds=wait))
-            orphans = [
-                o.model_copy(update={"attempts": o.attempts + 1, "next_attempt_at": due})
-                if o.name == job
-                else o
-                for o in current.orphaned_jobs
-            ]
-            return with_orphan_condition(ctx, episode, current.model_copy(update={"orphaned_jobs": orphans}))
-
-        await ctx.kube.update_episode_status(namespace, name, bump)
 
 
 async def finalize_episode(ctx: Context, namespace: str, name: str) -> bool:

@@ -16,8 +16,10 @@ from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobStatus, status_of
 from posttrain_operator.api.rules import format_time, parse_time
 from posttrain_operator.backends.base import BackendError, Handle, RemoteStatus
-from posttrain_operator.reconcile.agentjob import cancel_agentjob, finish_agentjob, handle_of
+from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.finishing import finish_agentjob
+from posttrain_operator.reconcile.jobs import handle_of
 
 log = logging.getLogger(__name__)
 

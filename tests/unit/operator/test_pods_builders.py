@@ -13,28 +13,26 @@ import pytest
 from kubernetes_asyncio import client
 from posttrain_operator.api.models import AgentJobSpec
 from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, RepoMount, UnknownFlavor
-from posttrain_operator.backends.pods import (
+from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
+from posttrain_operator.backends.pods.manifests import (
+    is_default_deny,
+    namespace_body,
+    network_policy_body,
+    pod_body,
+)
+from posttrain_operator.backends.pods.names import (
     JOB_UID,
     KEY_ANNOTATION,
     KEY_LABEL,
     STORE_RO_VOLUME,
     STORE_RW_VOLUME,
-    Flavor,
-    PodsBackend,
-    PodsConfig,
     dns_name,
     episode_namespace,
-    is_default_deny,
     label_value,
-    list_artifacts,
-    namespace_body,
-    network_policy_body,
-    pod_body,
     pod_name,
-    prepare_output_dir,
-    read_artifact_file,
-    remote_status,
 )
+from posttrain_operator.backends.pods.status import remote_status
+from posttrain_operator.backends.pods.store import list_artifacts, prepare_output_dir, read_artifact_file
 from posttrain_operator.jobspec import build_request
 
 from graders.registry import get_task
