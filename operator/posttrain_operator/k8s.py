@@ -6,21 +6,33 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from posttrain_operator.api.models import GROUP, VERSION, EpisodeStatus, status_of
+from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, EpisodeStatus, status_of
 
 MERGE_PATCH = "application/merge-patch+json"
 CAS_ATTEMPTS = 20
 T = TypeVar("T")
+# A compare-and-swap callback: from the Episode as read and its status, the status to write (None:
+# nothing to write) and a result for the caller. It may run several times, so it must be pure.
+Mutate = Callable[[dict[str, Any], EpisodeStatus], tuple[EpisodeStatus | None, T]]
 
 
 class Conflict(RuntimeError):
     """A compare-and-swap lost too many races in a row."""
+
+
+@dataclass(frozen=True)
+class EpisodeUpdate(Generic[T]):
+    body: dict[str, Any]  # the Episode as written, or as read when there was nothing to write
+    status: EpisodeStatus
+    written: bool
+    result: T  # what the last run of the callback returned
 
 
 async def make_api_client() -> client.ApiClient:
@@ -90,31 +102,26 @@ class Kube:
         return items
 
     async def update_episode_status(
-        self,
-        namespace: str,
-        name: str,
-        mutate: Callable[[dict[str, Any], EpisodeStatus], EpisodeStatus | None],
-    ) -> tuple[dict[str, Any], EpisodeStatus, bool]:
+        self, namespace: str, name: str, mutate: Mutate[T], *, seen: dict[str, Any] | None = None
+    ) -> EpisodeUpdate[T]:
         """Compare-and-swap on the Episode's status: read, mutate, replace with the read's
-        resourceVersion, and start over on a conflict. `mutate` returns None when there is nothing to
-        write; it must be pure, as it may run several times. Returns (body, status, written)."""
+        resourceVersion, and start over from a fresh read on a conflict. `seen`, the Episode as this
+        pass already read it, saves the first read (a stale copy only costs a retry)."""
         async with self._episode_locks.setdefault((namespace, name), asyncio.Lock()):
-            return await self._update_episode_status(namespace, name, mutate)
+            return await self._update_episode_status(namespace, name, mutate, seen)
 
     async def _update_episode_status(
-        self,
-        namespace: str,
-        name: str,
-        mutate: Callable[[dict[str, Any], EpisodeStatus], EpisodeStatus | None],
-    ) -> tuple[dict[str, Any], EpisodeStatus, bool]:
+        self, namespace: str, name: str, mutate: Mutate[T], seen: dict[str, Any] | None
+    ) -> EpisodeUpdate[T]:
         for attempt in range(CAS_ATTEMPTS):
-            body = await self.get_episode(namespace, name)
+            body = seen if seen is not None and attempt == 0 else await self.get_episode(namespace, name)
             if body is None:
                 raise LookupError(f"episode {namespace}/{name} not found")
+            body = dict(body)
             current = status_of(EpisodeStatus, body.get("status"))
-            new = mutate(body, current)
+            new, result = mutate(body, current)
             if new is None:
-                return body, current, False
+                return EpisodeUpdate(body, current, False, result)
             body["status"] = {**(body.get("status") or {}), **new.wire()}
             for cleared in set(current.wire()) - set(new.wire()):
                 body["status"].pop(cleared, None)
@@ -124,22 +131,25 @@ class Kube:
                 )
             except ApiException as exc:
                 if exc.status == 409:
+                    if attempt == 0 and seen is not None:
+                        continue  # the copy this pass had was stale: read afresh at once
                     await asyncio.sleep(random.uniform(0, 0.01 * 2 ** min(attempt, 6)))
                     continue
                 raise
-            return written, new, True
+            return EpisodeUpdate(written, new, True, result)
         raise Conflict(f"episode {namespace}/{name}: status update lost {CAS_ATTEMPTS} races in a row")
 
     async def patch_agentjob_status(
-        self, namespace: str, name: str, status: dict[str, Any]
+        self, namespace: str, name: str, status: AgentJobStatus
     ) -> dict[str, Any]:
+        """A merge patch of the fields `status` was read or built with (see ApiModel.patch)."""
         body: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
             GROUP,
             VERSION,
             namespace,
             "agentjobs",
             name,
-            {"status": status},
+            {"status": status.patch()},
             _content_type=MERGE_PATCH,  # type: ignore[call-arg]
         )
         return body
@@ -196,13 +206,3 @@ class Kube:
         )
         status = review.status
         return status.user.username if status and status.authenticated and status.user else None
-
-
-async def retry_conflicts(fn: Callable[[], Awaitable[T]], attempts: int = CAS_ATTEMPTS) -> T:
-    for _ in range(attempts - 1):
-        try:
-            return await fn()
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    return await fn()

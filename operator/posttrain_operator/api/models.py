@@ -52,6 +52,11 @@ class ApiModel(BaseModel):
         """The JSON-ready camelCase form, without unset optional fields."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
+    def patch(self) -> dict[str, Any]:
+        """This model as a JSON merge patch: the fields it was parsed or built with and every field
+        updated since (a model_copy update counts); one updated to None is removed."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
 
 class Condition(ApiModel):
     """A Kubernetes-style condition; lastTransitionTime changes only when status flips."""

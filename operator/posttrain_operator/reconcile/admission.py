@@ -1,8 +1,10 @@
 """Admission: refuse what the episode or its task does not allow, reserve the job's worst case on the
 Episode's ledger (one compare-and-swap), adopt the job under its Episode, then hand it to submission.
 
-Every step is idempotent and resumable from the job's status alone: the ledger entry is keyed by
-job name, so a pass retried after a crash finds its own reservation and changes nothing.
+One pass over a new job reads it and its Episode, writes the ledger once, and writes the job's status
+twice (admitted with its idempotency key just before the backend call, then submitted). Every step is
+idempotent and resumable from the job's status alone: the ledger entry is keyed by job name, so a
+pass retried after a crash finds its own reservation and changes nothing.
 """
 
 from __future__ import annotations
@@ -22,12 +24,22 @@ from posttrain_operator.backends.base import BackendError, UnknownFlavor
 from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_against_task
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.jobs import Retry, admitting_phases, with_condition, write_job_status
-from posttrain_operator.reconcile.submission import submit_once
+from posttrain_operator.reconcile.submission import resume_submission, submit_admitted
 
 
 @dataclass(frozen=True)
 class Rejection:
     reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A job admitted in this pass, its status not yet written: what submission needs to go on."""
+
+    spec: AgentJobSpec
+    task: Task
+    status: AgentJobStatus
     message: str
 
 
@@ -99,30 +111,36 @@ async def _reject(ctx: Context, job: dict[str, Any], status: AgentJobStatus, rej
 
 
 async def reconcile_agentjob(ctx: Context, namespace: str, name: str) -> None:
+    """Admit and submit a new job, or go on with a submission an earlier pass began."""
     async with ctx.locks("agentjob", namespace, name):
         job = await ctx.kube.get_agentjob(namespace, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return
         status = status_of(AgentJobStatus, job.get("status"))
         if status.phase in (None, "Pending"):
-            status = await _admit(ctx, job, status)
-        if status.phase == "Admitted":
-            await submit_once(ctx, job, status)
+            admission = await _admit(ctx, job, status)
+            if admission is not None:
+                await submit_admitted(
+                    ctx, job, admission.spec, admission.task, admission.status, admission.message
+                )
+        elif status.phase == "Admitted":
+            await resume_submission(ctx, job, status)
 
 
-async def _admit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> AgentJobStatus:
+async def _admit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> Admission | None:
+    """Reserve on the ledger and adopt the job; None when it is refused (and marked Rejected)."""
     meta = job["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     try:
         spec = AgentJobSpec.model_validate(job["spec"])
     except ValidationError as exc:
         await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, f"invalid spec: {exc}"))
-        return status
+        return None
     episode = await ctx.kube.get_episode(namespace, spec.episode)
     decided = decide_admission(job, spec, episode)
     if isinstance(decided, Rejection):
         await _reject(ctx, job, status, decided)
-        return status
+        return None
     task, ep_spec, _ = decided
     assert episode is not None
     backend = ctx.backend(ep_spec.backend)
@@ -130,48 +148,24 @@ async def _admit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> A
         price = await backend.price(spec.flavor)
     except UnknownFlavor as exc:
         await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, str(exc)))
-        return status
+        return None
     except BackendError as exc:
         raise Retry(f"price lookup failed: {exc}") from exc
     amount = ledger_math.reservation_for(price, spec.timeout_seconds)
     platform = spec.purpose == "score"
     max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
     phases = admitting_phases(spec.purpose)
-    refused: list[Rejection] = []
 
-    def mutate(_: dict[str, Any], current: EpisodeStatus) -> EpisodeStatus | None:
-        refused.clear()
-        new, rejection = reserve_in(
+    def reserve(_: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, Rejection | None]:
+        return reserve_in(
             current, name, amount, platform=platform, max_concurrent=max_concurrent, allowed_phases=phases
         )
-        if rejection:
-            refused.append(rejection)
-        return new
 
-    await ctx.kube.update_episode_status(namespace, spec.episode, mutate)
-    if refused:
-        await _reject(ctx, job, status, refused[0])
-        return status
-
-    # Owned by the Episode: deleting it garbage-collects the job (after our finalizer cancels it).
-    owner = {
-        "apiVersion": episode["apiVersion"],
-        "kind": "Episode",
-        "name": spec.episode,
-        "uid": episode["metadata"]["uid"],
-        "blockOwnerDeletion": True,
-    }
-    if not any(o.get("uid") == owner["uid"] for o in meta.get("ownerReferences") or []):
-        await ctx.kube.patch_agentjob(
-            namespace,
-            name,
-            {
-                "metadata": {
-                    "labels": {EPISODE_LABEL: spec.episode},
-                    "ownerReferences": [*(meta.get("ownerReferences") or []), owner],
-                }
-            },
-        )
+    update = await ctx.kube.update_episode_status(namespace, spec.episode, reserve, seen=episode)
+    if update.result is not None:
+        await _reject(ctx, job, status, update.result)
+        return None
+    await _adopt(ctx, job, episode)
     reserved = 0 if platform else amount
     message = f"reserved ${micro_to_usd(reserved)} at ${micro_to_usd(price)}/min for {spec.timeout_seconds}s"
     status = status.model_copy(
@@ -186,6 +180,23 @@ async def _admit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> A
         }
     )
     status = with_condition(ctx, job, status, cond.ADMITTED, True, "Reserved", message)
-    await write_job_status(ctx, job, status)
-    ctx.emit(job, "Normal", "Admitted", message)
-    return status
+    return Admission(spec, task, status, message)
+
+
+async def _adopt(ctx: Context, job: dict[str, Any], episode: dict[str, Any]) -> None:
+    """Owned by its Episode (deleting that garbage-collects the job, after our finalizer cancels it),
+    and labelled with it. Skipped when the job already names the Episode as an owner."""
+    meta = job["metadata"]
+    owners = meta.get("ownerReferences") or []
+    uid = episode["metadata"]["uid"]
+    if any(o.get("uid") == uid for o in owners):
+        return
+    owner = {
+        "apiVersion": episode["apiVersion"],
+        "kind": "Episode",
+        "name": episode["metadata"]["name"],
+        "uid": uid,
+        "blockOwnerDeletion": True,
+    }
+    patch = {"metadata": {"labels": {EPISODE_LABEL: owner["name"]}, "ownerReferences": [*owners, owner]}}
+    await ctx.kube.patch_agentjob(meta["namespace"], meta["name"], patch)

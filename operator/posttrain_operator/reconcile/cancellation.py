@@ -4,7 +4,6 @@ backend does not confirm leaves the job Orphaned, listed on its Episode, with it
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
 from typing import Any
 
 from posttrain_operator.api import conditions as cond
@@ -13,15 +12,13 @@ from posttrain_operator.api.models import (
     AgentJobSpec,
     AgentJobStatus,
     EpisodeStatus,
-    OrphanedJob,
     status_of,
 )
-from posttrain_operator.api.rules import format_time
 from posttrain_operator.backends.base import BackendError
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.finishing import finish_agentjob
 from posttrain_operator.reconcile.jobs import handle_of, write_job_status
-from posttrain_operator.reconcile.orphan_records import orphan_condition
+from posttrain_operator.reconcile.orphan_records import with_orphan
 
 
 async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, message: str) -> bool:
@@ -64,19 +61,8 @@ async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, 
     spec = AgentJobSpec.model_validate(job["spec"])
     backend_job_id = handle.backend_job_id
 
-    def add_orphan(episode: dict[str, Any], current: EpisodeStatus) -> EpisodeStatus | None:
-        if any(o.name == name for o in current.orphaned_jobs):
-            return None
-        now = ctx.clock()
-        entry = OrphanedJob(
-            name=name,
-            backend_job_id=backend_job_id,
-            since=format_time(now),
-            attempts=1,
-            next_attempt_at=format_time(now + timedelta(seconds=ctx.settings.orphan_retry_initial_seconds)),
-        )
-        orphans = [*current.orphaned_jobs, entry]
-        return orphan_condition(ctx, episode, current.model_copy(update={"orphaned_jobs": orphans}))
+    def add_orphan(episode: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, None]:
+        return with_orphan(ctx, episode, current, name, backend_job_id), None
 
     with contextlib.suppress(LookupError):  # the episode is gone: nothing to block
         await ctx.kube.update_episode_status(namespace, spec.episode, add_orphan)

@@ -49,12 +49,11 @@ class Context:
         ok: bool,
         reason: str,
         message: str,
-    ) -> list[Condition]:
-        """`conditions` with one set, stamped with this clock and the object's generation."""
+    ) -> tuple[list[Condition], bool]:
+        """`conditions` with one set, stamped with this clock and the object's generation, and
+        whether anything changed."""
         generation = int(body["metadata"].get("generation", 1))
-        now = format_time(self.clock())
-        updated, _ = set_condition(conditions, type_, ok, reason, message, now, generation)
-        return updated
+        return set_condition(conditions, type_, ok, reason, message, format_time(self.clock()), generation)
 
     def backend(self, name: str) -> Backend:
         try:

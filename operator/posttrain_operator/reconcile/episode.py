@@ -98,15 +98,15 @@ def scoring_outcome(score_job: dict[str, Any] | None) -> End | None:
 # --- actions -----------------------------------------------------------------------------------
 
 
-async def _set(ctx: Context, body: dict[str, Any], **update: Any) -> EpisodeStatus:
+async def _set(ctx: Context, body: dict[str, Any], **update: Any) -> None:
+    """Set status fields of the Episode this pass read as `body` (one compare-and-swap)."""
     meta = body["metadata"]
 
-    def mutate(_: dict[str, Any], current: EpisodeStatus) -> EpisodeStatus | None:
+    def mutate(_: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, None]:
         new = current.model_copy(update=update)
-        return None if new == current else new
+        return (None if new == current else new), None
 
-    _, status, _ = await ctx.kube.update_episode_status(meta["namespace"], meta["name"], mutate)
-    return status
+    await ctx.kube.update_episode_status(meta["namespace"], meta["name"], mutate, seen=body)
 
 
 async def reconcile_episode(
@@ -200,10 +200,10 @@ async def _start(
     blocking = await _blocking_orphans(ctx, namespace, name)
     if blocking:
         message = f"jobs whose cancellation is unconfirmed in this namespace: {', '.join(blocking)}"
-        conditions = ctx.set_condition(
+        conditions, changed = ctx.set_condition(
             body, status.conditions, cond.BLOCKED, True, cond.ORPHANED_JOBS, message
         )
-        if status.phase != "Pending" or conditions != status.conditions:
+        if status.phase != "Pending" or changed:
             await _set(ctx, body, phase="Pending", conditions=conditions)
             ctx.emit(body, "Warning", cond.ORPHANED_JOBS, message)
         return
@@ -213,8 +213,12 @@ async def _start(
     ledger = with_totals(status.ledger.model_copy(update={"budget_micro_usd": usd_to_micro(spec.budget_usd)}))
     conditions = status.conditions
     if any(c.type == cond.BLOCKED for c in conditions):
-        conditions = ctx.set_condition(body, conditions, cond.BLOCKED, False, "NoOrphans", "no orphaned jobs")
-    conditions = ctx.set_condition(body, conditions, cond.READY, True, "Started", f"started task {task.name}")
+        conditions, _ = ctx.set_condition(
+            body, conditions, cond.BLOCKED, False, "NoOrphans", "no orphaned jobs"
+        )
+    conditions, _ = ctx.set_condition(
+        body, conditions, cond.READY, True, "Started", f"started task {task.name}"
+    )
     await _set(
         ctx,
         body,
@@ -261,7 +265,7 @@ async def _agent_token(ctx: Context, body: dict[str, Any], spec: EpisodeSpec) ->
 
 async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
     status = status_of(EpisodeStatus, body.get("status"))
-    conditions = ctx.set_condition(body, status.conditions, cond.READY, False, end.outcome, end.message)
+    conditions, _ = ctx.set_condition(body, status.conditions, cond.READY, False, end.outcome, end.message)
     await _set(
         ctx,
         body,

@@ -76,21 +76,19 @@ async def finish_agentjob(
     cost = 0
     if seconds and status.backend:
         cost = ledger_math.cost_for(await ctx.backend(status.backend).price(spec.flavor), seconds)
-    charged = cost
 
-    def mutate(episode: dict[str, Any], current: EpisodeStatus) -> EpisodeStatus | None:
-        nonlocal charged
-        new = current
+    def settle(episode: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, int]:
+        new, charged = current, cost
         if name in current.ledger.entries or cost:
-            new_ledger, charged, changed = ledger_math.settle(current.ledger, name, cost)
+            ledger, charged, changed = ledger_math.settle(current.ledger, name, cost)
             if changed:
-                new = new.model_copy(update={"ledger": new_ledger})
-        if any(o.name == name for o in current.orphaned_jobs):
-            new = without_orphan(ctx, episode, new, name)
-        return None if new is current else new
+                new = new.model_copy(update={"ledger": ledger})
+        new = without_orphan(ctx, episode, new, name) or new
+        return (None if new is current else new), charged
 
+    charged = cost
     try:
-        await ctx.kube.update_episode_status(namespace, spec.episode, mutate)
+        charged = (await ctx.kube.update_episode_status(namespace, spec.episode, settle)).result
     except LookupError:
         log.info("episode of %s/%s is gone; nothing to settle", namespace, name)
 
@@ -106,7 +104,8 @@ async def finish_agentjob(
     }
     if remote is not None:
         update["backend_stage"] = remote.raw_stage or remote.stage
-        update["started_at"] = format_time(remote.started_at) if remote.started_at else None
+        if remote.started_at is not None:
+            update["started_at"] = format_time(remote.started_at)
         update["finished_at"] = format_time(remote.finished_at or ctx.clock())
     prefix = output_prefix(namespace, spec.episode, name)
     if status.backend and status.backend_job_id and phase in ("Succeeded", "Failed"):

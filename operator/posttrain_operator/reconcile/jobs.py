@@ -35,17 +35,17 @@ def handle_of(job: dict[str, Any], status: AgentJobStatus) -> Handle | None:
     )
 
 
-async def write_job_status(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> dict[str, Any]:
+async def write_job_status(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> None:
+    """One merge patch of the job's status; `job` is updated to what the API server wrote."""
     meta = job["metadata"]
-    written = await ctx.kube.patch_agentjob_status(meta["namespace"], meta["name"], status.wire())
+    written = await ctx.kube.patch_agentjob_status(meta["namespace"], meta["name"], status)
     job["status"] = written.get("status", {})
-    return written
 
 
 def with_condition(
     ctx: Context, job: dict[str, Any], status: AgentJobStatus, type_: str, ok: bool, reason: str, message: str
 ) -> AgentJobStatus:
-    conditions = ctx.set_condition(job, status.conditions, type_, ok, reason, message)
+    conditions, _ = ctx.set_condition(job, status.conditions, type_, ok, reason, message)
     return status.model_copy(
         update={"conditions": conditions, "observed_generation": job["metadata"].get("generation")}
     )

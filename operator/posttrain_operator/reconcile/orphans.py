@@ -1,21 +1,19 @@
 """Orphan collection: retry each orphaned job's cancellation when it is due, backing off
-exponentially between attempts, until the backend confirms."""
+exponentially between attempts (see `orphan_records.retry_delay`), until the backend confirms."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import EpisodeStatus, status_of
-from posttrain_operator.api.rules import format_time, parse_time
+from posttrain_operator.api.rules import parse_time
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
-from posttrain_operator.reconcile.orphan_records import orphan_condition
+from posttrain_operator.reconcile.orphan_records import retried
 
 
 async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
-    """Retry each due orphan's cancellation, with exponential backoff between attempts."""
     body = await ctx.kube.get_episode(namespace, name)
     if body is None:
         return
@@ -32,21 +30,10 @@ async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
         if confirmed:
             ctx.emit(body, "Normal", "OrphanCollected", f"backend confirmed cancellation of {orphan.name}")
             continue
-        delay = min(
-            ctx.settings.orphan_retry_max_seconds,
-            ctx.settings.orphan_retry_initial_seconds * 2 ** min(orphan.attempts, 16),
-        )
 
-        def bump(
-            episode: dict[str, Any], current: EpisodeStatus, job: str = orphan.name, wait: float = delay
-        ) -> EpisodeStatus | None:
-            due = format_time(now + timedelta(seconds=wait))
-            orphans = [
-                o.model_copy(update={"attempts": o.attempts + 1, "next_attempt_at": due})
-                if o.name == job
-                else o
-                for o in current.orphaned_jobs
-            ]
-            return orphan_condition(ctx, episode, current.model_copy(update={"orphaned_jobs": orphans}))
+        def later(
+            episode: dict[str, Any], current: EpisodeStatus, job: str = orphan.name
+        ) -> tuple[EpisodeStatus | None, None]:
+            return retried(ctx, episode, current, job), None
 
-        await ctx.kube.update_episode_status(namespace, name, bump)
+        await ctx.kube.update_episode_status(namespace, name, later)

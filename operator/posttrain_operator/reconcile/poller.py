@@ -100,10 +100,10 @@ async def _apply(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> None:
                 )
                 return
         if remote.raw_stage and remote.raw_stage != job.stage:
-            patch: dict[str, Any] = {"backendStage": remote.raw_stage}
+            seen: dict[str, Any] = {"backend_stage": remote.raw_stage}
             if started is not None:
-                patch["startedAt"] = format_time(started)
-            await ctx.kube.patch_agentjob_status(job.namespace, job.name, patch)
+                seen["started_at"] = format_time(started)
+            await ctx.kube.patch_agentjob_status(job.namespace, job.name, AgentJobStatus(**seen))
 
 
 async def poll_once(ctx: Context, active: ActiveJobs) -> None:

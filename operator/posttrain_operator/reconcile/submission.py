@@ -1,6 +1,7 @@
-"""Submission, exactly once: the idempotency key is in the job's status before any backend call,
-`find(key)` always precedes `submit`, and a submission that may still be in flight (the operator died
-while sending it) is waited out before anything is sent again."""
+"""Submission, exactly once: the idempotency key and the submission's start are in the job's status
+before the backend is asked to run anything, a job found under its key is never submitted again, and
+a submission that may still be in flight (the operator died while sending it) is waited out before
+anything is sent again."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from graders.registry import get_task
+from graders.registry import Task, get_task
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.rules import format_time, parse_time
-from posttrain_operator.backends.base import BackendError
+from posttrain_operator.backends.base import Backend, BackendError, Handle
 from posttrain_operator.jobspec import build_request
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
@@ -22,15 +23,27 @@ from posttrain_operator.reconcile.jobs import Retry, admitting_phases, with_cond
 log = logging.getLogger(__name__)
 
 
-async def submit_once(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> None:
+async def submit_admitted(
+    ctx: Context, job: dict[str, Any], spec: AgentJobSpec, task: Task, status: AgentJobStatus, admitted: str
+) -> None:
+    """Submit a job admitted in this very pass. Its key is written here for the first time, together
+    with the admission, so no backend job can carry it yet: no lookup precedes the submission."""
+    assert status.backend
+    try:
+        await _submit(ctx, job, spec, task, status, ctx.backend(status.backend), admitted=admitted)
+    except BackendError as exc:
+        await _submission_failed(ctx, job, exc)
+
+
+async def resume_submission(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> None:
+    """Go on with a job an earlier pass admitted (and perhaps submitted) before it was interrupted."""
     meta = job["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     spec = AgentJobSpec.model_validate(job["spec"])
     assert status.idempotency_key and status.backend
     episode = await ctx.kube.get_episode(namespace, spec.episode)
     ep_status = status_of(EpisodeStatus, (episode or {}).get("status"))
-    still_wanted = episode is not None and (ep_status.phase in admitting_phases(spec.purpose))
-    if not still_wanted:
+    if episode is None or ep_status.phase not in admitting_phases(spec.purpose):
         await cancel_agentjob(
             ctx, namespace, name, cond.EPISODE_ENDED, "the episode ended before the job started"
         )
@@ -38,41 +51,67 @@ async def submit_once(ctx: Context, job: dict[str, Any], status: AgentJobStatus)
     backend = ctx.backend(status.backend)
     try:
         handle = await backend.find(status.idempotency_key)
-        if handle is None:
-            # An earlier attempt's request may still be in flight (the operator died while it was
-            # sent): it could create the job after this lookup. Wait out that window, then look again.
-            in_flight_until = submission_window_end(ctx, status)
-            if in_flight_until is not None and ctx.clock() < in_flight_until:
-                remaining = (in_flight_until - ctx.clock()).total_seconds()
-                wait = min(remaining, ctx.settings.submission_recheck_seconds)
-                raise Retry(
-                    f"an earlier submission may still be in flight; looking again in {wait:.0f}s", wait
-                )
-            task = get_task(EpisodeSpec.model_validate(episode["spec"]).task)  # type: ignore[index]
-            request = build_request(spec=spec, task=task, namespace=namespace, job_name=name, uid=meta["uid"])
-            status = status.model_copy(update={"submit_started_at": format_time(ctx.clock())})
-            await write_job_status(ctx, job, status)
-            handle = await backend.submit(request)
-        elif status.submit_started_at:
-            log.info(
-                "%s/%s: found backend job %s by its key; not submitting again",
-                namespace,
-                name,
-                handle.backend_job_id,
-            )
+        if handle is not None:
+            if status.submit_started_at:
+                log.info("%s/%s: found backend job %s by its key; not submitting again", namespace, name,
+                         handle.backend_job_id)  # fmt: skip
+            await _record_submitted(ctx, job, status, handle)
+            return
+        # An earlier attempt's request may still be in flight (the operator died while it was sent):
+        # it could create the job after this lookup. Wait out that window, then look again.
+        in_flight_until = submission_window_end(ctx, status)
+        if in_flight_until is not None and ctx.clock() < in_flight_until:
+            remaining = (in_flight_until - ctx.clock()).total_seconds()
+            wait = min(remaining, ctx.settings.submission_recheck_seconds)
+            raise Retry(f"an earlier submission may still be in flight; looking again in {wait:.0f}s", wait)
+        task = get_task(EpisodeSpec.model_validate(episode["spec"]).task)
+        await _submit(ctx, job, spec, task, status, backend)
     except BackendError as exc:
-        if exc.transient:
-            raise Retry(f"submission failed, will look the job up and retry: {exc}") from exc
-        await finish_agentjob(ctx, namespace, name, "Failed", cond.SUBMISSION_FAILED, str(exc), None)
-        return
+        await _submission_failed(ctx, job, exc)
+
+
+async def _submit(
+    ctx: Context,
+    job: dict[str, Any],
+    spec: AgentJobSpec,
+    task: Task,
+    status: AgentJobStatus,
+    backend: Backend,
+    *,
+    admitted: str | None = None,
+) -> None:
+    """Record the submission's start (with the admission, when it is new), then submit."""
+    meta = job["metadata"]
+    request = build_request(spec=spec, task=task, namespace=meta["namespace"], job_name=meta["name"],
+                            uid=meta["uid"])  # fmt: skip
+    status = status.model_copy(update={"submit_started_at": format_time(ctx.clock())})
+    await write_job_status(ctx, job, status)
+    if admitted is not None:
+        ctx.emit(job, "Normal", "Admitted", admitted)
+    handle = await backend.submit(request)
+    await _record_submitted(ctx, job, status, handle)
+
+
+async def _record_submitted(
+    ctx: Context, job: dict[str, Any], status: AgentJobStatus, handle: Handle
+) -> None:
     status = status.model_copy(
         update={"phase": "Running", "backend_job_id": handle.backend_job_id, "backend_stage": "pending"}
     )
-    status = with_condition(
-        ctx, job, status, cond.SUBMITTED, True, "Submitted", f"backend job {handle.backend_job_id}"
-    )
+    message = f"backend job {handle.backend_job_id}"
+    status = with_condition(ctx, job, status, cond.SUBMITTED, True, "Submitted", message)
     await write_job_status(ctx, job, status)
-    ctx.emit(job, "Normal", "Submitted", f"backend job {handle.backend_job_id}")
+    ctx.emit(job, "Normal", "Submitted", message)
+
+
+async def _submission_failed(ctx: Context, job: dict[str, Any], exc: BackendError) -> None:
+    """A transient failure retries the pass (which looks the job up first); a permanent one fails it."""
+    if exc.transient:
+        raise Retry(f"submission failed, will look the job up and retry: {exc}") from exc
+    meta = job["metadata"]
+    await finish_agentjob(
+        ctx, meta["namespace"], meta["name"], "Failed", cond.SUBMISSION_FAILED, str(exc), None
+    )
 
 
 def submission_window_end(ctx: Context, status: AgentJobStatus) -> datetime | None:
