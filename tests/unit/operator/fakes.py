@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -46,8 +47,8 @@ def _merge(target: Obj, patch: Obj) -> Obj:
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+        elif isinstance(value, dict):
+            out[key] = _merge(out[key] if isinstance(out.get(key), dict) else {}, value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -230,7 +231,7 @@ class FakeKubernetes:
 
     async def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> Any:
         self.calls["read_namespaced_secret"] += 1
-        return copy.deepcopy(self._existing("secrets", namespace, name))
+        return SimpleNamespace(data=copy.deepcopy(self._existing("secrets", namespace, name).get("data")))
 
     async def create_namespaced_event(self, namespace: str, body: Obj, **_: Any) -> Obj:
         self.calls["create_namespaced_event"] += 1
