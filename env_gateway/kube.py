@@ -128,18 +128,26 @@ class Kube:
             raise
         return created
 
+    async def _patch_episode(
+        self, namespace: str, name: str, body: Any, content_type: str, *, status: bool
+    ) -> Obj:
+        api = self.custom
+        patch = api.patch_namespaced_custom_object_status if status else api.patch_namespaced_custom_object
+        patched: Obj = await patch(
+            GROUP,
+            VERSION,
+            namespace,
+            "episodes",
+            name,
+            body,
+            _content_type=content_type,  # type: ignore[call-arg]
+        )
+        return patched
+
     async def merge_patch_episode(self, namespace: str, name: str, patch: Obj) -> Obj:
         """Raises Refused when a validation rule (e.g. an immutable field) refuses it (409/422)."""
         try:
-            patched: Obj = await self.custom.patch_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                namespace,
-                "episodes",
-                name,
-                patch,
-                _content_type=MERGE_PATCH,  # type: ignore[call-arg]
-            )
+            patched = await self._patch_episode(namespace, name, patch, MERGE_PATCH, status=False)
         except ApiException as exc:
             if exc.status in (409, 422):
                 raise Refused.of(exc) from exc
@@ -170,15 +178,7 @@ class Kube:
             }
             content_type = MERGE_PATCH
         try:
-            patched: Obj = await self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                "episodes",
-                name,
-                body,
-                _content_type=content_type,  # type: ignore[call-arg]
-            )
+            patched = await self._patch_episode(namespace, name, body, content_type, status=True)
         except ApiException as exc:
             # 422: the test op failed; 409: the resourceVersion moved on.
             if exc.status in (409, 422):

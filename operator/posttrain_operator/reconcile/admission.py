@@ -29,6 +29,8 @@ from posttrain_operator.reconcile.submission import resume_submission, submit_ad
 
 @dataclass(frozen=True)
 class Rejection:
+    """Why a job is refused: a PascalCase reason clients match on, and a message for the agent."""
+
     reason: str
     message: str
 

@@ -107,6 +107,8 @@ async def finish_agentjob(
         if remote.started_at is not None:
             update["started_at"] = format_time(remote.started_at)
         update["finished_at"] = format_time(remote.finished_at or ctx.clock())
+        if remote.exit_code is not None:
+            update["exit_code"] = remote.exit_code
     prefix = output_prefix(namespace, spec.episode, name)
     if status.backend and status.backend_job_id and phase in ("Succeeded", "Failed"):
         try:

@@ -266,11 +266,11 @@ async def test_a_finished_job_is_settled_at_its_billed_minutes(world: World) -> 
 
     world.backend.artifact_files["ns/ep/j1"] = {"answer.json": b"{}"}
     ended = begun + timedelta(seconds=61)
-    world.backend.set_stage(job_id, RemoteStatus("succeeded", "", begun, ended, "COMPLETED"))
+    world.backend.set_stage(job_id, RemoteStatus("succeeded", "", begun, ended, "COMPLETED", exit_code=0))
     await poll_once(world.ctx, world.watched())
 
     status = world.status("agentjobs", "j1")
-    assert (status["phase"], status["billedSeconds"]) == ("Succeeded", 61)
+    assert (status["phase"], status["billedSeconds"], status["exitCode"]) == ("Succeeded", 61, 0)
     assert status["settledMicroUSD"] == 2 * CPU_BASIC and status["reservedMicroUSD"] == 0
     assert status["artifacts"] == [{"path": "answer.json", "size": 2}]
     ledger = world.ledger()
@@ -306,6 +306,7 @@ async def test_the_poller_cancels_a_job_past_its_timeout_and_grace(world: World)
     await poll_once(world.ctx, world.watched())
     status = world.status("agentjobs", "j1")
     assert (status["phase"], status["reason"]) == ("Cancelled", cond.DEADLINE_EXCEEDED)
+    assert "exitCode" not in status  # the backend reported none
     assert world.backend.jobs[job_id].status.stage == "cancelled"
     assert world.ledger()["reservedMicroUSD"] == 0
 

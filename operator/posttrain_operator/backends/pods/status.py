@@ -39,8 +39,10 @@ def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
             # e.g. DeadlineExceeded before the kubelet recorded the container's end
             times = [parse_time(c.get("lastTransitionTime")) for c in status.get("conditions") or []]
             finished = max((t for t in times if t is not None), default=None)
+        code = (terminated or {}).get("exitCode")
+        exit_code = code if isinstance(code, int) else None
         if phase == "Succeeded":
-            return RemoteStatus("succeeded", "", started, finished, "Succeeded")
+            return RemoteStatus("succeeded", "", started, finished, "Succeeded", exit_code)
         parts = []
         if status.get("reason"):
             parts.append(f"{status['reason']}: {status.get('message') or ''}".rstrip(": "))
@@ -54,6 +56,7 @@ def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
             started,
             finished,
             f"Failed/{raw}" if raw else "Failed",
+            exit_code,
         )
     # "Unknown": the node stopped reporting. The pod may still be running (and billing).
     return RemoteStatus("running", "the pod's node is not reporting", started, None, phase)
