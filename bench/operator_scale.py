@@ -9,19 +9,25 @@ process, so they all stay active), with the operator as a real `kopf run` proces
   create+get round trip measured in the same run (the ratio says what the operator adds);
 - backend (HF API) requests per minute with few and with all jobs active, and their ratio (the goal
   is flat: one list call per poll whatever the number of jobs);
-- the operator's resident memory with every job active.
+- the operator's resident memory with every job active;
+- Kubernetes API calls per admission, read from the API server's audit log: every request the
+  operator (its reconcilers and kopf) makes about a new job and its Episode, from the job's creation
+  until it is Running, for jobs created one at a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +47,8 @@ from tests.integration.conftest import (  # noqa: E402
 
 GROUP, VERSION = "posttrain.dev", "v1alpha1"
 PAGE = 50  # the emulator's list page size
+BENCH_AGENT = "posttrain-bench"  # the bench's own requests, left out of the operator's counts
+NOT_OPERATOR = (BENCH_AGENT, "kube-", "kubectl/")  # the control plane's own, and kubectl's
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -196,6 +204,7 @@ class Stack:
         register_placeholder_repos(self.emulator, Path(tempfile.mkdtemp()) / "repos")
         await config.load_kube_config(str(self.state.kubeconfig))
         self.api = client.ApiClient()
+        self.api.user_agent = BENCH_AGENT
         await client.CoreV1Api(self.api).create_namespace({"metadata": {"name": self.namespace}})
         log_dir = Path(tempfile.mkdtemp(prefix="bench-operator-"))
         self.operator = OperatorProcess(
@@ -219,6 +228,78 @@ async def polling_cost(stack: Stack, episodes: int, jobs: int, window: float, fi
     await create_and_time_admissions(stack.api, stack.namespace, episodes, jobs, first=first)
     await wait_all_running(stack.api, stack.namespace, (first + episodes) * jobs)
     return requests_per_minute(stack.emulator, window)
+
+
+async def reach(custom: client.CustomObjectsApi, namespace: str, plural: str, name: str, phase: str) -> None:
+    """Poll (the bench's own requests do not count) until the object has `phase`."""
+    while True:
+        obj = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        if obj.get("status", {}).get("phase") == phase:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def admit_one_at_a_time(api: client.ApiClient, namespace: str, episodes: int, jobs: int) -> list[Any]:
+    """Create jobs one at a time, each once the previous one is Running and the operator is quiet;
+    returns (job, episode, created, running) windows for `calls_per_admission`."""
+    custom = client.CustomObjectsApi(api)
+    for e in range(episodes):
+        await custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "episodes",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": f"calls{e}"},
+             "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "hf-jobs",
+                      "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200,
+                                 "maxJobTimeoutSeconds": 3600}}},
+        )  # fmt: skip
+    for e in range(episodes):
+        await reach(custom, namespace, "episodes", f"calls{e}", "Running")
+    await asyncio.sleep(2)  # the episodes' own start-up calls are over
+    windows = []
+    for e in range(episodes):
+        for j in range(jobs):
+            name = f"calls{e}-j{j}"
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentJob", "metadata": {"name": name},
+                    "spec": {"episode": f"calls{e}", "purpose": "train", "script": "print(1)",
+                             "flavor": "cpu-basic", "timeoutSeconds": 3600}}  # fmt: skip
+            created = datetime.now(UTC)
+            await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs", body)
+            await reach(custom, namespace, "agentjobs", name, "Running")
+            running = datetime.now(UTC)
+            await asyncio.sleep(1.0)  # kopf's own bookkeeping after the handler, and the events
+            windows.append((name, f"calls{e}", created, running))
+    return windows
+
+
+def calls_per_admission(audit_log: Path, namespace: str, windows: list[Any]) -> tuple[float, Counter[str]]:
+    """Requests the operator made about each job (and its Episode, and Events) while it was admitted:
+    from its creation to one second after it was seen Running. Status writes to the job after it was
+    Running are the poller's and are left out. Returns the mean per job and the total by call."""
+    entries = []
+    with audit_log.open() as log:
+        for line in log:
+            entry = json.loads(line)
+            ref = entry.get("objectRef") or {}
+            if ref.get("namespace") == namespace and not entry.get("userAgent", "").startswith(NOT_OPERATOR):
+                entries.append(entry)
+    by_call: Counter[str] = Counter()
+    for job, episode, created, running in windows:
+        for entry in entries:
+            ref = entry["objectRef"]
+            at = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            if not created <= at <= running + timedelta(seconds=1):
+                continue
+            resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            named = ref.get("name")
+            ours = (
+                (ref.get("resource") == "agentjobs" and named == job)
+                or (ref.get("resource") == "episodes" and named == episode)
+                or ref.get("resource") == "events"
+            )
+            if not ours or (resource == "agentjobs/status" and at > running):
+                continue
+            agent = "kopf" if entry["userAgent"].startswith("kopf/") else "operator"
+            by_call[f"{agent} {entry['verb']} {resource}"] += 1
+    return sum(by_call.values()) / len(windows), by_call
 
 
 def list_requests(emulator: Any) -> tuple[int, int]:
@@ -248,6 +329,8 @@ async def run(args: argparse.Namespace) -> None:
             stack.api, stack.namespace, 10, 5, first=args.episodes, concurrency=1, pace=0.2
         )
         rss = rss_mib(stack.operator.proc.pid) if stack.operator.proc else float("nan")
+        windows = await admit_one_at_a_time(stack.api, stack.namespace, 4, 5)
+        per_admission, by_call = calls_per_admission(stack.state.audit_log, stack.namespace, windows)
     finally:
         await stack.stop()
     raw_p50 = statistics.median(raw)
@@ -264,6 +347,8 @@ async def run(args: argparse.Namespace) -> None:
         f"{many_lists[0]} ({many_lists[1]}) with {active}",
         f"polling cost ratio  {many_rpm / few_rpm:8.2f} for {active // 10}x the jobs (pages of {PAGE})",
         f"operator RSS        {rss:8.1f} MiB",
+        f"API calls/admission {per_admission:8.1f} (mean of {len(windows)} jobs created one at a time)",
+        *(f"    {count / len(windows):5.1f}  {call}" for call, count in sorted(by_call.items())),
     ]
     print("\n".join(lines))
 

@@ -55,9 +55,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # Long watches without a server-side timeout can silently stall (nolar/kopf#585, #1012).
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    # kopf waits this long for more events of an object before handling it (default 0.1 s): our
-    # handlers read fresh state anyway, so a short window only adds admission latency.
-    settings.batching.batch_window = 0.02
     # kopf posts an Event per handler run by default; ours are posted where they mean something.
     settings.posting.level = logging.WARNING
     logging.getLogger("httpx2").setLevel(logging.WARNING)

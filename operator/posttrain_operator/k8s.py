@@ -16,6 +16,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, EpisodeStatus, status_of
 
 MERGE_PATCH = "application/merge-patch+json"
+# In the API server's audit log, the reconcilers' calls (kopf's own carry "kopf/<version>").
+USER_AGENT = "posttrain-operator"
 CAS_ATTEMPTS = 20
 T = TypeVar("T")
 # A compare-and-swap callback: from the Episode as read and its status, the status to write (None:
@@ -40,7 +42,9 @@ async def make_api_client() -> client.ApiClient:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         await config.load_kube_config()
-    return client.ApiClient()
+    api_client = client.ApiClient()
+    api_client.user_agent = USER_AGENT
+    return api_client
 
 
 class Kube:
