@@ -144,16 +144,17 @@ class Kube:
         raise Conflict(f"episode {namespace}/{name}: status update lost {CAS_ATTEMPTS} races in a row")
 
     async def patch_agentjob_status(
-        self, namespace: str, name: str, status: AgentJobStatus
+        self, namespace: str, name: str, status: AgentJobStatus, *, partial: bool = False
     ) -> dict[str, Any]:
-        """A merge patch of the fields `status` was read or built with (see ApiModel.patch)."""
+        """A merge patch with `status` whole (every field but unset optional ones), or, `partial`,
+        with only the fields it was built with (see ApiModel.patch)."""
         body: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
             GROUP,
             VERSION,
             namespace,
             "agentjobs",
             name,
-            {"status": status.patch()},
+            {"status": status.patch() if partial else status.wire()},
             _content_type=MERGE_PATCH,  # type: ignore[call-arg]
         )
         return body

@@ -104,8 +104,7 @@ async def finish_agentjob(
     }
     if remote is not None:
         update["backend_stage"] = remote.raw_stage or remote.stage
-        if remote.started_at is not None:
-            update["started_at"] = format_time(remote.started_at)
+        update["started_at"] = format_time(remote.started_at) if remote.started_at else None
         update["finished_at"] = format_time(remote.finished_at or ctx.clock())
         if remote.exit_code is not None:
             update["exit_code"] = remote.exit_code

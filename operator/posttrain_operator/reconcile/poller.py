@@ -103,7 +103,9 @@ async def _apply(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> None:
             seen: dict[str, Any] = {"backend_stage": remote.raw_stage}
             if started is not None:
                 seen["started_at"] = format_time(started)
-            await ctx.kube.patch_agentjob_status(job.namespace, job.name, AgentJobStatus(**seen))
+            # Only what the poll saw: the reconcilers own every other field.
+            update = AgentJobStatus(**seen)
+            await ctx.kube.patch_agentjob_status(job.namespace, job.name, update, partial=True)
 
 
 async def poll_once(ctx: Context, active: ActiveJobs) -> None:

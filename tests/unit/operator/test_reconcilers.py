@@ -147,6 +147,7 @@ async def test_a_refused_job_is_rejected_with_one_write_and_no_reservation(
 
     status = world.status("agentjobs", "j1")
     assert (status["phase"], status["reason"]) == ("Rejected", reason)
+    assert (status["reservedMicroUSD"], status["settledMicroUSD"]) == (0, 0)  # the whole status, always
     assert world.ledger()["entries"] == {} and world.ledger()["reservedMicroUSD"] == 0
     assert world.api.calls["patch_namespaced_custom_object_status"] == 1
     assert "replace_namespaced_custom_object_status" not in world.api.calls
