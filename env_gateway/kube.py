@@ -112,9 +112,13 @@ class Kube:
         return items
 
     async def list_agentjobs(self, namespace: str, episode: str) -> list[Obj]:
-        # No label selector: the operator labels a job only once it admits it. spec.episode is the truth.
-        found = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs")
-        return [j for j in found["items"] if j.get("spec", {}).get("episode") == episode]
+        # By spec.episode, the truth (a selectable field of the CRD), not by label: the operator
+        # labels a job only once it admits it.
+        found = await self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, "agentjobs", field_selector=f"spec.episode={episode}"
+        )
+        items: list[Obj] = found["items"]
+        return items
 
     async def create(self, namespace: str, plural: str, body: Obj) -> Obj:
         """Raises Refused when the schema refuses the object (400/422)."""
