@@ -76,8 +76,10 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.create(*AGENTJOBS)
 @kopf.on.resume(*AGENTJOBS)
-async def agentjob_reconcile(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name))
+async def agentjob_reconcile(
+    namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name, observed=dict(body)))
 
 
 @kopf.on.event(*AGENTJOBS)

@@ -9,6 +9,7 @@ pass retried after a crash finds its own reservation and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +20,12 @@ from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
-from posttrain_operator.api.rules import EPISODE_LABEL, allowed_flavors, jobs_running, limits_in_force
+from posttrain_operator.api.rules import allowed_flavors, jobs_running, limits_in_force
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
 from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_against_task
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.jobs import Retry, admitting_phases, with_condition, write_job_status
-from posttrain_operator.reconcile.submission import resume_submission, submit_admitted
+from posttrain_operator.reconcile.submission import Admission, resume_submission, submit_admitted
 
 
 @dataclass(frozen=True)
@@ -32,16 +33,6 @@ class Rejection:
     """Why a job is refused: a PascalCase reason clients match on, and a message for the agent."""
 
     reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Admission:
-    """A job admitted in this pass, its status not yet written: what submission needs to go on."""
-
-    spec: AgentJobSpec
-    task: Task
-    status: AgentJobStatus
     message: str
 
 
@@ -112,25 +103,45 @@ async def _reject(ctx: Context, job: dict[str, Any], status: AgentJobStatus, rej
     ctx.emit(job, "Warning", rejection.reason, rejection.message)
 
 
-async def reconcile_agentjob(ctx: Context, namespace: str, name: str) -> None:
-    """Admit and submit a new job, or go on with a submission an earlier pass began."""
+async def reconcile_agentjob(
+    ctx: Context, namespace: str, name: str, *, observed: dict[str, Any] | None = None
+) -> None:
+    """Admit and submit a new job, or go on with a submission an earlier pass began. `observed` (the
+    job as the watch last saw it) is only a hint: a job it shows as new has its Episode read at the
+    same time as itself; every decision is taken on the fresh read."""
     async with ctx.locks("agentjob", namespace, name):
-        job = await ctx.kube.get_agentjob(namespace, name)
+        job, episode = await _read(ctx, namespace, name, observed)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return
         status = status_of(AgentJobStatus, job.get("status"))
         if status.phase in (None, "Pending"):
-            admission = await _admit(ctx, job, status)
+            admission = await _admit(ctx, job, status, episode)
             if admission is not None:
-                await submit_admitted(
-                    ctx, job, admission.spec, admission.task, admission.status, admission.message
-                )
+                await submit_admitted(ctx, job, admission)
         elif status.phase == "Admitted":
             await resume_submission(ctx, job, status)
 
 
-async def _admit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> Admission | None:
-    """Reserve on the ledger and adopt the job; None when it is refused (and marked Rejected)."""
+async def _read(
+    ctx: Context, namespace: str, name: str, observed: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The job, and (when it looks new) its Episode, read concurrently; None for the Episode when it
+    was not read (absent it is read again, so "not read" and "not found" need no telling apart)."""
+    hint = observed or {}
+    episode_name = (hint.get("spec") or {}).get("episode")
+    looks_new = (hint.get("status") or {}).get("phase") in (None, "Pending")
+    if not (looks_new and isinstance(episode_name, str)):
+        return await ctx.kube.get_agentjob(namespace, name), None
+    job, episode = await asyncio.gather(
+        ctx.kube.get_agentjob(namespace, name), ctx.kube.get_episode(namespace, episode_name)
+    )
+    return job, episode
+
+
+async def _admit(
+    ctx: Context, job: dict[str, Any], status: AgentJobStatus, episode: dict[str, Any] | None
+) -> Admission | None:
+    """Reserve on the ledger; None when the job is refused (and marked Rejected)."""
     meta = job["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     try:
@@ -138,7 +149,8 @@ async def _admit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> A
     except ValidationError as exc:
         await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, f"invalid spec: {exc}"))
         return None
-    episode = await ctx.kube.get_episode(namespace, spec.episode)
+    if episode is None or episode["metadata"]["name"] != spec.episode:
+        episode = await ctx.kube.get_episode(namespace, spec.episode)
     decided = decide_admission(job, spec, episode)
     if isinstance(decided, Rejection):
         await _reject(ctx, job, status, decided)
@@ -167,7 +179,6 @@ async def _admit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> A
     if update.result is not None:
         await _reject(ctx, job, status, update.result)
         return None
-    await _adopt(ctx, job, episode)
     reserved = 0 if platform else amount
     message = f"reserved ${micro_to_usd(reserved)} at ${micro_to_usd(price)}/min for {spec.timeout_seconds}s"
     status = status.model_copy(
@@ -182,23 +193,4 @@ async def _admit(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> A
         }
     )
     status = with_condition(ctx, job, status, cond.ADMITTED, True, "Reserved", message)
-    return Admission(spec, task, status, message)
-
-
-async def _adopt(ctx: Context, job: dict[str, Any], episode: dict[str, Any]) -> None:
-    """Owned by its Episode (deleting that garbage-collects the job, after our finalizer cancels it),
-    and labelled with it. Skipped when the job already names the Episode as an owner."""
-    meta = job["metadata"]
-    owners = meta.get("ownerReferences") or []
-    uid = episode["metadata"]["uid"]
-    if any(o.get("uid") == uid for o in owners):
-        return
-    owner = {
-        "apiVersion": episode["apiVersion"],
-        "kind": "Episode",
-        "name": episode["metadata"]["name"],
-        "uid": uid,
-        "blockOwnerDeletion": True,
-    }
-    patch = {"metadata": {"labels": {EPISODE_LABEL: owner["name"]}, "ownerReferences": [*owners, owner]}}
-    await ctx.kube.patch_agentjob(meta["namespace"], meta["name"], patch)
+    return Admission(spec, task, episode, status, message)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from posttrain_operator.api.models import AgentJobStatus
+from posttrain_operator.api.rules import EPISODE_LABEL
 from posttrain_operator.backends.base import Handle
 from posttrain_operator.jobspec import output_prefix
 from posttrain_operator.reconcile.context import Context
@@ -40,6 +41,26 @@ async def write_job_status(ctx: Context, job: dict[str, Any], status: AgentJobSt
     meta = job["metadata"]
     written = await ctx.kube.patch_agentjob_status(meta["namespace"], meta["name"], status)
     job["status"] = written.get("status", {})
+
+
+async def adopt(ctx: Context, job: dict[str, Any], episode: dict[str, Any]) -> None:
+    """Owned by its Episode (deleting that garbage-collects the job, after our finalizer cancels it),
+    and labelled with it. Skipped when the job already names the Episode as an owner."""
+    meta = job["metadata"]
+    owners = meta.get("ownerReferences") or []
+    uid = episode["metadata"]["uid"]
+    if any(o.get("uid") == uid for o in owners):
+        return
+    owner = {
+        "apiVersion": episode["apiVersion"],
+        "kind": "Episode",
+        "name": episode["metadata"]["name"],
+        "uid": uid,
+        "blockOwnerDeletion": True,
+    }
+    patch = {"metadata": {"labels": {EPISODE_LABEL: owner["name"]}, "ownerReferences": [*owners, owner]}}
+    written = await ctx.kube.patch_agentjob(meta["namespace"], meta["name"], patch)
+    meta["ownerReferences"] = written["metadata"].get("ownerReferences")
 
 
 def with_condition(

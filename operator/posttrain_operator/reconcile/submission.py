@@ -5,7 +5,9 @@ anything is sent again."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,19 +20,29 @@ from posttrain_operator.jobspec import build_request
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.finishing import finish_agentjob
-from posttrain_operator.reconcile.jobs import Retry, admitting_phases, with_condition, write_job_status
+from posttrain_operator.reconcile.jobs import Retry, admitting_phases, adopt, with_condition, write_job_status
 
 log = logging.getLogger(__name__)
 
 
-async def submit_admitted(
-    ctx: Context, job: dict[str, Any], spec: AgentJobSpec, task: Task, status: AgentJobStatus, admitted: str
-) -> None:
+@dataclass(frozen=True)
+class Admission:
+    """A job admitted in this pass, its status not yet written: what submission needs to go on."""
+
+    spec: AgentJobSpec
+    task: Task
+    episode: dict[str, Any]
+    status: AgentJobStatus
+    message: str
+
+
+async def submit_admitted(ctx: Context, job: dict[str, Any], admission: Admission) -> None:
     """Submit a job admitted in this very pass. Its key is written here for the first time, together
     with the admission, so no backend job can carry it yet: no lookup precedes the submission."""
-    assert status.backend
+    assert admission.status.backend
+    backend = ctx.backend(admission.status.backend)
     try:
-        await _submit(ctx, job, spec, task, status, ctx.backend(status.backend), admitted=admitted)
+        await _submit(ctx, job, admission.spec, admission.task, admission.status, backend, admitted=admission)
     except BackendError as exc:
         await _submission_failed(ctx, job, exc)
 
@@ -48,6 +60,7 @@ async def resume_submission(ctx: Context, job: dict[str, Any], status: AgentJobS
             ctx, namespace, name, cond.EPISODE_ENDED, "the episode ended before the job started"
         )
         return
+    await adopt(ctx, job, episode)
     backend = ctx.backend(status.backend)
     try:
         handle = await backend.find(status.idempotency_key)
@@ -78,16 +91,19 @@ async def _submit(
     status: AgentJobStatus,
     backend: Backend,
     *,
-    admitted: str | None = None,
+    admitted: Admission | None = None,
 ) -> None:
-    """Record the submission's start (with the admission, when it is new), then submit."""
+    """Record the submission's start, then submit. A new admission is recorded in the same write,
+    while the job is adopted by its Episode: both are done before anything is submitted."""
     meta = job["metadata"]
     request = build_request(spec=spec, task=task, namespace=meta["namespace"], job_name=meta["name"],
                             uid=meta["uid"])  # fmt: skip
     status = status.model_copy(update={"submit_started_at": format_time(ctx.clock())})
-    await write_job_status(ctx, job, status)
-    if admitted is not None:
-        ctx.emit(job, "Normal", "Admitted", admitted)
+    if admitted is None:
+        await write_job_status(ctx, job, status)
+    else:
+        await asyncio.gather(write_job_status(ctx, job, status), adopt(ctx, job, admitted.episode))
+        ctx.emit(job, "Normal", "Admitted", admitted.message)
     handle = await backend.submit(request)
     await _record_submitted(ctx, job, status, handle)
 

@@ -356,3 +356,18 @@ async def test_an_episode_start_writes_its_status_once(world: World) -> None:
     assert status["deadline"] == format_time(world.clock() + timedelta(seconds=1200))
     assert world.api.calls["replace_namespaced_custom_object_status"] == 1
     assert world.api.calls["get_namespaced_custom_object"] == 1  # the write reuses the pass's read
+
+
+async def test_the_watch_copy_only_hints_and_a_stale_one_submits_nothing(world: World) -> None:
+    await started(world)
+    world.job()
+    as_created = world.api.obj("agentjobs", NS, "j1")
+    world.api.reset_calls()
+    await reconcile_agentjob(world.ctx, NS, "j1", observed=as_created)
+    assert world.status("agentjobs", "j1")["phase"] == "Running"
+    assert world.api.calls["get_namespaced_custom_object"] == 2  # the job and its Episode, together
+
+    # kopf retries with the copy it had: the fresh read shows the job Running, so nothing happens.
+    world.api.reset_calls()
+    await reconcile_agentjob(world.ctx, NS, "j1", observed=as_created)
+    assert world.backend.stats.calls["submit"] == 1 and world.api.writes() == 0
