@@ -76,48 +76,72 @@ async def finish_agentjob(
     cost = 0
     if seconds and status.backend:
         cost = ledger_math.cost_for(await ctx.backend(status.backend).price(spec.flavor), seconds)
-
-    def settle(episode: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, int]:
-        new, charged = current, cost
-        if name in current.ledger.entries or cost:
-            ledger, charged, changed = ledger_math.settle(current.ledger, name, cost)
-            if changed:
-                new = new.model_copy(update={"ledger": ledger})
-        new = without_orphan(ctx, episode, new, name) or new
-        return (None if new is current else new), charged
-
-    charged = cost
-    try:
-        charged = (await ctx.kube.update_episode_status(namespace, spec.episode, settle)).result
-    except LookupError:
-        log.info("episode of %s/%s is gone; nothing to settle", namespace, name)
-
+    charged = await _settle(ctx, namespace, spec.episode, name, cost)
+    if spec.purpose == "score":
+        charged = 0  # platform spend: never the agent's
     update: dict[str, Any] = {
         "phase": phase,
         "reason": reason,
         "message": message[:4096],
         "reserved_micro_usd": 0,
         "reserved_usd": "0.00",
-        "settled_micro_usd": charged if spec.purpose != "score" else 0,
-        "spent_usd": micro_to_usd(charged if spec.purpose != "score" else 0),
+        "settled_micro_usd": charged,
+        "spent_usd": micro_to_usd(charged),
         "billed_seconds": seconds,
+        **_seen_by_backend(ctx, remote),
     }
-    if remote is not None:
-        update["backend_stage"] = remote.raw_stage or remote.stage
-        update["started_at"] = format_time(remote.started_at) if remote.started_at else None
-        update["finished_at"] = format_time(remote.finished_at or ctx.clock())
-        if remote.exit_code is not None:
-            update["exit_code"] = remote.exit_code
-    prefix = output_prefix(namespace, spec.episode, name)
     if status.backend and status.backend_job_id and phase in ("Succeeded", "Failed"):
-        try:
-            found = await ctx.backend(status.backend).artifacts(prefix)
-            update["artifacts"] = [Artifact(path=a.path, size=a.size) for a in found[:MAX_ARTIFACTS]]
-        except BackendError as exc:
-            log.warning("listing artifacts of %s/%s failed: %s", namespace, name, exc)
-        if spec.purpose in ("devEval", "score") and phase == "Succeeded":
-            update["result"] = await grade(ctx, status.backend, prefix)
+        update |= await _outputs(ctx, status.backend, output_prefix(namespace, spec.episode, name), spec,
+                                 graded=phase == "Succeeded")  # fmt: skip
     status = status.model_copy(update=update)
     status = with_condition(ctx, job, status, cond.COMPLETE, phase == "Succeeded", reason, message)
     await write_job_status(ctx, job, status)
     ctx.emit(job, "Normal" if phase in ("Succeeded", "Cancelled") else "Warning", reason, message)
+
+
+async def _settle(ctx: Context, namespace: str, episode: str, name: str, cost: int) -> int:
+    """Release the job's reservation and charge `cost` (one compare-and-swap, which also takes the
+    job off the orphan list); returns what the agent was charged."""
+
+    def settle(body: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, int]:
+        new, charged = current, cost
+        if name in current.ledger.entries or cost:
+            ledger, charged, changed = ledger_math.settle(current.ledger, name, cost)
+            if changed:
+                new = new.model_copy(update={"ledger": ledger})
+        new = without_orphan(ctx, body, new, name) or new
+        return (None if new is current else new), charged
+
+    try:
+        return (await ctx.kube.update_episode_status(namespace, episode, settle)).result
+    except LookupError:
+        log.info("episode of %s/%s is gone; nothing to settle", namespace, name)
+        return cost
+
+
+def _seen_by_backend(ctx: Context, remote: RemoteStatus | None) -> dict[str, Any]:
+    if remote is None:
+        return {}
+    seen: dict[str, Any] = {
+        "backend_stage": remote.raw_stage or remote.stage,
+        "started_at": format_time(remote.started_at) if remote.started_at else None,
+        "finished_at": format_time(remote.finished_at or ctx.clock()),
+    }
+    if remote.exit_code is not None:
+        seen["exit_code"] = remote.exit_code
+    return seen
+
+
+async def _outputs(
+    ctx: Context, backend: str, prefix: str, spec: AgentJobSpec, *, graded: bool
+) -> dict[str, Any]:
+    """The job's artifacts, and a grader job's result when it succeeded."""
+    found: dict[str, Any] = {}
+    try:
+        listed = await ctx.backend(backend).artifacts(prefix)
+        found["artifacts"] = [Artifact(path=a.path, size=a.size) for a in listed[:MAX_ARTIFACTS]]
+    except BackendError as exc:
+        log.warning("listing artifacts under %s failed: %s", prefix, exc)
+    if graded and spec.purpose in ("devEval", "score"):
+        found["result"] = await grade(ctx, backend, prefix)
+    return found

@@ -131,6 +131,9 @@ def pod_labels(config: PodsConfig, request: JobRequest) -> dict[str, str]:
     }
 
 
+SECCOMP = {"type": "RuntimeDefault"}
+
+
 def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     flavor = config.flavors.get(request.flavor)
     if flavor is None:
@@ -143,7 +146,6 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     if STORE_RW_VOLUME in used:
         volumes.append({"name": STORE_RW_VOLUME, **dict(config.store_volume)})
     resources = {"cpu": flavor.cpu, "memory": flavor.memory, "ephemeral-storage": config.scratch_size}
-    seccomp = {"type": "RuntimeDefault"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -171,36 +173,37 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
                 "runAsNonRoot": True,
                 "runAsUser": JOB_UID,
                 "runAsGroup": JOB_UID,
-                "seccompProfile": seccomp,
+                "seccompProfile": dict(SECCOMP),
             },
-            "containers": [
-                {
-                    "name": CONTAINER,
-                    "image": config.image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-m", "posttrain_launcher"],
-                    # The agent's own script and packages, never a credential.
-                    "env": [
-                        {
-                            "name": "POSTTRAIN_JOB_SPEC",
-                            "value": json.dumps(request.launcher_spec, separators=(",", ":")),
-                        },
-                        {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
-                    ],
-                    "resources": {"requests": resources, "limits": dict(resources)},
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": JOB_UID,
-                        "runAsGroup": JOB_UID,
-                        "privileged": False,
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                        "readOnlyRootFilesystem": True,
-                        "seccompProfile": seccomp,
-                    },
-                    "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": "/tmp"}, *mounts],
-                }
-            ],
+            "containers": [_container(config, request, resources, mounts)],
             "volumes": volumes,
         },
+    }
+
+
+def _container(
+    config: PodsConfig, request: JobRequest, resources: dict[str, str], mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "name": CONTAINER,
+        "image": config.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "posttrain_launcher"],
+        # The agent's own script and packages, never a credential.
+        "env": [
+            {"name": "POSTTRAIN_JOB_SPEC", "value": json.dumps(request.launcher_spec, separators=(",", ":"))},
+            {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
+        ],
+        "resources": {"requests": resources, "limits": dict(resources)},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": JOB_UID,
+            "runAsGroup": JOB_UID,
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "seccompProfile": dict(SECCOMP),
+        },
+        "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": "/tmp"}, *mounts],
     }
