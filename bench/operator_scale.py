@@ -275,12 +275,14 @@ def calls_per_admission(audit_log: Path, namespace: str, windows: list[Any]) -> 
     from its creation to one second after it was seen Running. Status writes to the job after it was
     Running are the poller's and are left out. Returns the mean per job and the total by call."""
     entries = []
-    with audit_log.open() as log:
-        for line in log:
-            entry = json.loads(line)
-            ref = entry.get("objectRef") or {}
-            if ref.get("namespace") == namespace and not entry.get("userAgent", "").startswith(NOT_OPERATOR):
-                entries.append(entry)
+    # The API server rotates its audit log (audit-<time>.log beside it): read the rotated ones too.
+    for path in sorted(audit_log.parent.glob("audit*.log")):
+        with path.open() as log:
+            for line in log:
+                entry = json.loads(line)
+                ref, agent = entry.get("objectRef") or {}, entry.get("userAgent", "")
+                if ref.get("namespace") == namespace and not agent.startswith(NOT_OPERATOR):
+                    entries.append(entry)
     by_call: Counter[str] = Counter()
     for job, episode, created, running in windows:
         for entry in entries:
