@@ -51,7 +51,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     config = OperatorSettings()
     settings.persistence.finalizer = config.finalizer
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=config.annotation_prefix)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=config.annotation_prefix)
+    # No handler reacts to changes (specs are immutable, or read fresh on every tick), so the labels
+    # the operator adds need not count as one: without this, each costs kopf a diff-base patch.
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=config.annotation_prefix, ignored_fields=["metadata.labels"]
+    )
     # Long watches without a server-side timeout can silently stall (nolar/kopf#585, #1012).
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
