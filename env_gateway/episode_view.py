@@ -14,7 +14,7 @@ from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
 
 from env_gateway.schemas import ServiceSpend
-from graders.registry import Task
+from graders.tasks import Task
 
 
 @dataclass(frozen=True)

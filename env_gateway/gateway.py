@@ -27,7 +27,7 @@ from env_gateway.kube import Kube, Refused
 from env_gateway.schemas import Outcome, ToolFailure
 from env_gateway.steps import StepCounter, StepLimitReached
 from env_gateway.tools import CREATED_BY, CREATED_BY_LABEL, TOOLS, ToolContext
-from graders.registry import Task, UnknownTaskError, get_task
+from graders.tasks import Task, UnknownTaskError, get_task
 
 MAX_TOKEN_CHARS = 512
 # Tools whose result cannot change the Episode: the observation reuses the body the step wrote.

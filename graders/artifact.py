@@ -7,9 +7,9 @@ import json
 from graders.assets.datasets import read_jsonl
 from graders.checkpoint_files import InvalidCheckpoint, scan_output_tree
 from graders.inputs import GraderInputs
-from graders.registry import DATASET_FILE, Task
 from graders.result import GraderResult
 from graders.scoring import artifact_matches
+from graders.tasks import DATASET_FILE, Task
 
 GRADER_VERSION = "artifact/1"
 ANSWER_FILE = "answer.json"

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from graders.registry import Task, UnknownTaskError, get_task
+from graders.tasks import Task, UnknownTaskError, get_task
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from graders.registry import Task, UnknownTaskError, get_task
+from graders.tasks import Task, UnknownTaskError, get_task
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import (
     API_VERSION,

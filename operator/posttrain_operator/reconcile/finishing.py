@@ -8,8 +8,8 @@ import logging
 from decimal import Decimal
 from typing import Any
 
-from graders.registry import RESULT_FILE
 from graders.result import GraderResult
+from graders.tasks import RESULT_FILE
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import (

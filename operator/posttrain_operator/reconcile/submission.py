@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from graders.registry import Task, get_task
+from graders.tasks import Task, get_task
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.rules import format_time, parse_time

@@ -14,7 +14,7 @@ from posttrain_operator.reconcile.admission import Rejection, decide_admission, 
 from posttrain_operator.reconcile.episode import limit_reached, scoring_outcome
 from posttrain_operator.reconcile.finishing import format_score
 
-from graders.registry import get_task
+from graders.tasks import get_task
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 ARTIFACT = get_task("t0_artifact")

@@ -35,7 +35,7 @@ from posttrain_operator.backends.pods.status import remote_status
 from posttrain_operator.backends.pods.store import list_artifacts, prepare_output_dir, read_artifact_file
 from posttrain_operator.jobspec import build_request
 
-from graders.registry import get_task
+from graders.tasks import get_task
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?$")

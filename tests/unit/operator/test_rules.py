@@ -10,7 +10,7 @@ import pytest
 from posttrain_operator.api import rules
 from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, Ledger, LedgerEntry
 
-from graders.registry import get_task
+from graders.tasks import get_task
 
 TASK = get_task("t0_artifact")
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
