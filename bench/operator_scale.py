@@ -27,6 +27,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -270,10 +271,20 @@ async def admit_one_at_a_time(api: client.ApiClient, namespace: str, episodes: i
     return windows
 
 
-def calls_per_admission(audit_log: Path, namespace: str, windows: list[Any]) -> tuple[float, Counter[str]]:
+@dataclass
+class Admissions:
+    """What the audit log says about jobs admitted one at a time."""
+
+    per_job: float  # requests the operator made per admission
+    by_call: Counter[str]  # the total by agent, verb and resource
+    milestones: dict[str, list[float]]  # seconds from the create to each step, per job
+
+
+def calls_per_admission(audit_log: Path, namespace: str, windows: list[Any]) -> Admissions:
     """Requests the operator made about each job (and its Episode, and Events) while it was admitted:
     from its creation to one second after it was seen Running. Status writes to the job after it was
-    Running are the poller's and are left out. Returns the mean per job and the total by call."""
+    Running are the poller's and are left out. Also when, after the create, kopf added its finalizer,
+    the reconciler made its first call, and the job's first status write (Admitted) arrived."""
     entries = []
     # The API server rotates its audit log (audit-<time>.log beside it): read the rotated ones too.
     for path in sorted(audit_log.parent.glob("audit*.log")):
@@ -284,7 +295,9 @@ def calls_per_admission(audit_log: Path, namespace: str, windows: list[Any]) -> 
                 if ref.get("namespace") == namespace and not agent.startswith(NOT_OPERATOR):
                     entries.append(entry)
     by_call: Counter[str] = Counter()
+    milestones: dict[str, list[float]] = {"finalizer": [], "reconciler": [], "admitted": []}
     for job, episode, created, running in windows:
+        seen: dict[str, float] = {}
         for entry in entries:
             ref = entry["objectRef"]
             at = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
@@ -301,7 +314,14 @@ def calls_per_admission(audit_log: Path, namespace: str, windows: list[Any]) -> 
                 continue
             agent = "kopf" if entry["userAgent"].startswith("kopf/") else "operator"
             by_call[f"{agent} {entry['verb']} {resource}"] += 1
-    return sum(by_call.values()) / len(windows), by_call
+            after = (at - created).total_seconds()
+            step = {"kopf": "finalizer", "operator": "reconciler"}[agent]
+            seen[step] = min(seen.get(step, after), after)
+            if agent == "operator" and resource == "agentjobs/status":
+                seen["admitted"] = min(seen.get("admitted", after), after)
+        for step, after in seen.items():
+            milestones[step].append(after)
+    return Admissions(sum(by_call.values()) / len(windows), by_call, milestones)
 
 
 def list_requests(emulator: Any) -> tuple[int, int]:
@@ -332,7 +352,7 @@ async def run(args: argparse.Namespace) -> None:
         )
         rss = rss_mib(stack.operator.proc.pid) if stack.operator.proc else float("nan")
         windows = await admit_one_at_a_time(stack.api, stack.namespace, 4, 5)
-        per_admission, by_call = calls_per_admission(stack.state.audit_log, stack.namespace, windows)
+        admissions = calls_per_admission(stack.state.audit_log, stack.namespace, windows)
     finally:
         await stack.stop()
     raw_p50 = statistics.median(raw)
@@ -349,8 +369,12 @@ async def run(args: argparse.Namespace) -> None:
         f"{many_lists[0]} ({many_lists[1]}) with {active}",
         f"polling cost ratio  {many_rpm / few_rpm:8.2f} for {active // 10}x the jobs (pages of {PAGE})",
         f"operator RSS        {rss:8.1f} MiB",
-        f"API calls/admission {per_admission:8.1f} (mean of {len(windows)} jobs created one at a time)",
-        *(f"    {count / len(windows):5.1f}  {call}" for call, count in sorted(by_call.items())),
+        f"API calls/admission {admissions.per_job:8.1f} (mean of {len(windows)} jobs created one at a time)",
+        *(f"    {count / len(windows):5.1f}  {call}" for call, count in sorted(admissions.by_call.items())),
+        "after the create, p50 (same jobs): "
+        + ", ".join(
+            f"{step} {statistics.median(t) * 1000:.1f} ms" for step, t in admissions.milestones.items() if t
+        ),
     ]
     print("\n".join(lines))
 
