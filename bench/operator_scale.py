@@ -77,6 +77,16 @@ async def raw_round_trips(api: client.ApiClient, namespace: str, count: int) -> 
     return times
 
 
+async def create_episode(custom: client.CustomObjectsApi, namespace: str, name: str, jobs: int) -> None:
+    """An Episode that can hold `jobs` hour-long jobs at once."""
+    await custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "episodes",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": name},
+         "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "hf-jobs",
+                  "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200, "maxJobTimeoutSeconds": 3600}}},
+    )  # fmt: skip
+
+
 async def create_and_time_admissions(
     api: client.ApiClient,
     namespace: str,
@@ -129,13 +139,7 @@ async def create_and_time_admissions(
     await asyncio.sleep(0.5)
     numbers = range(first, first + episodes)
     for e in numbers:
-        await custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, "episodes",
-            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": f"ep{e:03d}"},
-             "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "hf-jobs",
-                      "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200,
-                                 "maxJobTimeoutSeconds": 3600}}},
-        )  # fmt: skip
+        await create_episode(custom, namespace, f"ep{e:03d}", jobs)
     # Let every episode start before any job arrives: this measures admission, not episode start-up.
     while True:
         listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
@@ -245,13 +249,7 @@ async def admit_one_at_a_time(api: client.ApiClient, namespace: str, episodes: i
     returns (job, episode, created, running) windows for `calls_per_admission`."""
     custom = client.CustomObjectsApi(api)
     for e in range(episodes):
-        await custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, "episodes",
-            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": f"calls{e}"},
-             "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "hf-jobs",
-                      "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200,
-                                 "maxJobTimeoutSeconds": 3600}}},
-        )  # fmt: skip
+        await create_episode(custom, namespace, f"calls{e}", jobs)
     for e in range(episodes):
         await reach(custom, namespace, "episodes", f"calls{e}", "Running")
     await asyncio.sleep(2)  # the episodes' own start-up calls are over
