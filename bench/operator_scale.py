@@ -83,7 +83,8 @@ async def create_episode(custom: client.CustomObjectsApi, namespace: str, name: 
         GROUP, VERSION, namespace, "episodes",
         {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": name},
          "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "hf-jobs",
-                  "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200, "maxJobTimeoutSeconds": 3600}}},
+                  "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200,
+                             "maxJobTimeoutSeconds": 3600}}},
     )  # fmt: skip
 
 
