@@ -72,10 +72,11 @@ test-integration: venv binaries preflight ## Tests against the devstack control 
 	$(PY) -m pytest tests/integration
 
 .PHONY: lint
-lint: venv ## ruff (lint + format check) and mypy strict
+lint: venv ## ruff (lint + format check), mypy strict, and the import contracts (pyproject.toml)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 .PHONY: fmt
 fmt: venv ## Apply ruff's fixes and formatting

@@ -9,19 +9,26 @@ process, so they all stay active), with the operator as a real `kopf run` proces
   create+get round trip measured in the same run (the ratio says what the operator adds);
 - backend (HF API) requests per minute with few and with all jobs active, and their ratio (the goal
   is flat: one list call per poll whatever the number of jobs);
-- the operator's resident memory with every job active.
+- the operator's resident memory with every job active;
+- Kubernetes API calls per admission, read from the API server's audit log: every request the
+  operator (its reconcilers and kopf) makes about a new job and its Episode, from the job's creation
+  until it is Running, for jobs created one at a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +48,8 @@ from tests.integration.conftest import (  # noqa: E402
 
 GROUP, VERSION = "posttrain.dev", "v1alpha1"
 PAGE = 50  # the emulator's list page size
+BENCH_AGENT = "posttrain-bench"  # the bench's own requests, left out of the operator's counts
+NOT_OPERATOR = (BENCH_AGENT, "kube-", "kubectl/")  # the control plane's own, and kubectl's
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -66,6 +75,17 @@ async def raw_round_trips(api: client.ApiClient, namespace: str, count: int) -> 
         await core.read_namespaced_config_map(f"probe-{i}", namespace)
         times.append(time.perf_counter() - started)
     return times
+
+
+async def create_episode(custom: client.CustomObjectsApi, namespace: str, name: str, jobs: int) -> None:
+    """An Episode that can hold `jobs` hour-long jobs at once."""
+    await custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "episodes",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": name},
+         "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "hf-jobs",
+                  "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200,
+                             "maxJobTimeoutSeconds": 3600}}},
+    )  # fmt: skip
 
 
 async def create_and_time_admissions(
@@ -120,13 +140,7 @@ async def create_and_time_admissions(
     await asyncio.sleep(0.5)
     numbers = range(first, first + episodes)
     for e in numbers:
-        await custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, "episodes",
-            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": f"ep{e:03d}"},
-             "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "hf-jobs",
-                      "limits": {"maxConcurrentJobs": jobs, "maxWallSeconds": 7200,
-                                 "maxJobTimeoutSeconds": 3600}}},
-        )  # fmt: skip
+        await create_episode(custom, namespace, f"ep{e:03d}", jobs)
     # Let every episode start before any job arrives: this measures admission, not episode start-up.
     while True:
         listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
@@ -196,6 +210,7 @@ class Stack:
         register_placeholder_repos(self.emulator, Path(tempfile.mkdtemp()) / "repos")
         await config.load_kube_config(str(self.state.kubeconfig))
         self.api = client.ApiClient()
+        self.api.user_agent = BENCH_AGENT
         await client.CoreV1Api(self.api).create_namespace({"metadata": {"name": self.namespace}})
         log_dir = Path(tempfile.mkdtemp(prefix="bench-operator-"))
         self.operator = OperatorProcess(
@@ -219,6 +234,93 @@ async def polling_cost(stack: Stack, episodes: int, jobs: int, window: float, fi
     await create_and_time_admissions(stack.api, stack.namespace, episodes, jobs, first=first)
     await wait_all_running(stack.api, stack.namespace, (first + episodes) * jobs)
     return requests_per_minute(stack.emulator, window)
+
+
+async def reach(custom: client.CustomObjectsApi, namespace: str, plural: str, name: str, phase: str) -> None:
+    """Poll (the bench's own requests do not count) until the object has `phase`."""
+    while True:
+        obj = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        if obj.get("status", {}).get("phase") == phase:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def admit_one_at_a_time(api: client.ApiClient, namespace: str, episodes: int, jobs: int) -> list[Any]:
+    """Create jobs one at a time, each once the previous one is Running and the operator is quiet;
+    returns (job, episode, created, running) windows for `calls_per_admission`."""
+    custom = client.CustomObjectsApi(api)
+    for e in range(episodes):
+        await create_episode(custom, namespace, f"calls{e}", jobs)
+    for e in range(episodes):
+        await reach(custom, namespace, "episodes", f"calls{e}", "Running")
+    await asyncio.sleep(2)  # the episodes' own start-up calls are over
+    windows = []
+    for e in range(episodes):
+        for j in range(jobs):
+            name = f"calls{e}-j{j}"
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentJob", "metadata": {"name": name},
+                    "spec": {"episode": f"calls{e}", "purpose": "train", "script": "print(1)",
+                             "flavor": "cpu-basic", "timeoutSeconds": 3600}}  # fmt: skip
+            created = datetime.now(UTC)
+            await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs", body)
+            await reach(custom, namespace, "agentjobs", name, "Running")
+            running = datetime.now(UTC)
+            await asyncio.sleep(1.0)  # kopf's own bookkeeping after the handler, and the events
+            windows.append((name, f"calls{e}", created, running))
+    return windows
+
+
+@dataclass
+class Admissions:
+    """What the audit log says about jobs admitted one at a time."""
+
+    per_job: float  # requests the operator made per admission
+    by_call: Counter[str]  # the total by agent, verb and resource
+    milestones: dict[str, list[float]]  # seconds from the create to each step, per job
+
+
+def calls_per_admission(audit_log: Path, namespace: str, windows: list[Any]) -> Admissions:
+    """Requests the operator made about each job (and its Episode, and Events) while it was admitted:
+    from its creation to one second after it was seen Running. Status writes to the job after it was
+    Running are the poller's and are left out. Also when, after the create, kopf added its finalizer,
+    the reconciler made its first call, and the job's first status write (Admitted) arrived."""
+    entries = []
+    # The API server rotates its audit log (audit-<time>.log beside it): read the rotated ones too.
+    for path in sorted(audit_log.parent.glob("audit*.log")):
+        with path.open() as log:
+            for line in log:
+                entry = json.loads(line)
+                ref, agent = entry.get("objectRef") or {}, entry.get("userAgent", "")
+                if ref.get("namespace") == namespace and not agent.startswith(NOT_OPERATOR):
+                    entries.append(entry)
+    by_call: Counter[str] = Counter()
+    milestones: dict[str, list[float]] = {"finalizer": [], "reconciler": [], "admitted": []}
+    for job, episode, created, running in windows:
+        seen: dict[str, float] = {}
+        for entry in entries:
+            ref = entry["objectRef"]
+            at = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            if not created <= at <= running + timedelta(seconds=1):
+                continue
+            resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            named = ref.get("name")
+            ours = (
+                (ref.get("resource") == "agentjobs" and named == job)
+                or (ref.get("resource") == "episodes" and named == episode)
+                or ref.get("resource") == "events"
+            )
+            if not ours or (resource == "agentjobs/status" and at > running):
+                continue
+            agent = "kopf" if entry["userAgent"].startswith("kopf/") else "operator"
+            by_call[f"{agent} {entry['verb']} {resource}"] += 1
+            after = (at - created).total_seconds()
+            step = {"kopf": "finalizer", "operator": "reconciler"}[agent]
+            seen[step] = min(seen.get(step, after), after)
+            if agent == "operator" and resource == "agentjobs/status":
+                seen["admitted"] = min(seen.get("admitted", after), after)
+        for step, after in seen.items():
+            milestones[step].append(after)
+    return Admissions(sum(by_call.values()) / len(windows), by_call, milestones)
 
 
 def list_requests(emulator: Any) -> tuple[int, int]:
@@ -248,6 +350,8 @@ async def run(args: argparse.Namespace) -> None:
             stack.api, stack.namespace, 10, 5, first=args.episodes, concurrency=1, pace=0.2
         )
         rss = rss_mib(stack.operator.proc.pid) if stack.operator.proc else float("nan")
+        windows = await admit_one_at_a_time(stack.api, stack.namespace, 4, 5)
+        admissions = calls_per_admission(stack.state.audit_log, stack.namespace, windows)
     finally:
         await stack.stop()
     raw_p50 = statistics.median(raw)
@@ -264,6 +368,12 @@ async def run(args: argparse.Namespace) -> None:
         f"{many_lists[0]} ({many_lists[1]}) with {active}",
         f"polling cost ratio  {many_rpm / few_rpm:8.2f} for {active // 10}x the jobs (pages of {PAGE})",
         f"operator RSS        {rss:8.1f} MiB",
+        f"API calls/admission {admissions.per_job:8.1f} (mean of {len(windows)} jobs created one at a time)",
+        *(f"    {count / len(windows):5.1f}  {call}" for call, count in sorted(admissions.by_call.items())),
+        "after the create, p50 (same jobs): "
+        + ", ".join(
+            f"{step} {statistics.median(t) * 1000:.1f} ms" for step, t in admissions.milestones.items() if t
+        ),
     ]
     print("\n".join(lines))
 

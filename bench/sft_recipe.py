@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graders.assets import materialize_assets
-from graders.registry import get_task
 from graders.result import read_result
+from graders.tasks import get_task
 
 REPO = Path(__file__).resolve().parents[1]
 SFT_SCRIPT = REPO / "examples" / "train_arithmetic_sft.py"

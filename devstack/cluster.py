@@ -40,7 +40,6 @@ from devstack.paths import run_root
 SERVICE_CIDR = "10.96.0.0/16"
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
 
 
 class ClusterError(RuntimeError):

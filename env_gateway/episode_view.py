@@ -1,19 +1,20 @@
-"""Pure reads of an Episode body: limits in force, spend, done and reward. No I/O, injected clock."""
+"""Pure reads of an Episode body: limits in force, spend, done and reward. No I/O, injected clock.
+
+Every rule here is the operator's own (`posttrain_operator.api.rules`), so the gateway and the operator
+cannot disagree on what is left or when an episode is over."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from posttrain_operator.api import rules
 from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, status_of
-from posttrain_operator.api.money import micro_to_usd, usd_to_micro
+from posttrain_operator.api.money import micro_to_usd
 
 from env_gateway.schemas import ServiceSpend
-from graders.registry import Task
-
-ENDED_PHASES = frozenset({"Completed", "Failed"})
+from graders.tasks import Task
 
 
 @dataclass(frozen=True)
@@ -37,27 +38,28 @@ class EpisodeView:
         )
 
     @property
-    def token_hash(self) -> str | None:
-        return self.status.agent_token_hash or self.spec.agent_token_hash
+    def limits(self) -> rules.Limits:
+        return rules.limits_in_force(self.spec, self.task)
+
+    @property
+    def flavors(self) -> list[str]:
+        return rules.allowed_flavors(self.spec, self.task)
 
     @property
     def max_steps(self) -> int:
-        return self.spec.limits.max_steps or self.task.limits.max_steps
+        return self.limits.max_steps
 
     @property
     def steps_left(self) -> int:
-        return max(0, self.max_steps - self.status.steps)
+        return rules.steps_left(self.status, self.limits)
 
     def seconds_left(self, now: datetime) -> int | None:
         """None until the operator has started the episode (it sets the deadline)."""
-        if not self.status.deadline:
-            return None
-        deadline = datetime.fromisoformat(self.status.deadline.replace("Z", "+00:00"))
-        return max(0, math.ceil((deadline - now).total_seconds()))
+        return rules.seconds_left(self.status, now)
 
     @property
     def done(self) -> bool:
-        return self.status.phase in ENDED_PHASES
+        return rules.has_ended(self.status)
 
     @property
     def reward(self) -> float | None:
@@ -68,15 +70,12 @@ class EpisodeView:
 
     def spend(self) -> ServiceSpend:
         ledger = self.status.ledger
-        budget = ledger.budget_micro_usd or usd_to_micro(self.spec.budget_usd)
-        remaining = max(0, budget - ledger.reserved_micro_usd - ledger.settled_micro_usd)
-        running = sum(1 for e in ledger.entries.values() if not e.platform and e.settled_micro_usd is None)
         return ServiceSpend(
-            budget_usd=micro_to_usd(budget),
+            budget_usd=micro_to_usd(rules.budget_micro_usd(self.spec, ledger)),
             reserved_usd=micro_to_usd(ledger.reserved_micro_usd),
             settled_usd=micro_to_usd(ledger.settled_micro_usd),
-            remaining_usd=micro_to_usd(remaining),
-            jobs_running=running,
+            remaining_usd=micro_to_usd(rules.remaining_micro_usd(self.spec, ledger)),
+            jobs_running=rules.jobs_running(ledger),
         )
 
     def metadata(self, now: datetime) -> dict[str, Any]:

@@ -7,40 +7,31 @@ all happen in `Gateway.call_tool`.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import API_VERSION, EpisodeSpec
 from posttrain_operator.api.money import USD_PATTERN
+from posttrain_operator.api.rules import now_utc, stored_token_hash, token_hash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from env_gateway.broker import BrokerClient
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
-from env_gateway.kube import Kube
+from env_gateway.kube import Kube, Refused
 from env_gateway.schemas import Outcome, ToolFailure
 from env_gateway.steps import StepCounter, StepLimitReached
 from env_gateway.tools import CREATED_BY, CREATED_BY_LABEL, TOOLS, ToolContext
-from graders.registry import Task, UnknownTaskError, get_task
+from graders.tasks import Task, UnknownTaskError, get_task
 
 MAX_TOKEN_CHARS = 512
 # Tools whose result cannot change the Episode: the observation reuses the body the step wrote.
 READ_ONLY = {name for name, spec in TOOLS.items() if spec.read_only and name != "jobs_wait"}
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def now_utc() -> datetime:
-    return datetime.now(UTC)
 
 
 class AuthFailure(Exception):
@@ -158,10 +149,8 @@ class Gateway:
 
     @staticmethod
     def _matches(body: dict[str, Any], digest: str) -> bool:
-        stored = (body.get("status") or {}).get("agentTokenHash") or (body.get("spec") or {}).get(
-            "agentTokenHash"
-        )
-        return isinstance(stored, str) and hmac.compare_digest(stored.encode(), digest.encode())
+        stored = stored_token_hash(body)
+        return stored is not None and hmac.compare_digest(stored.encode(), digest.encode())
 
     def _view(self, body: dict[str, Any]) -> EpisodeView:
         try:
@@ -307,12 +296,8 @@ class Gateway:
         }
         try:
             created = await self.kube.create(self.settings.namespace, "episodes", body)
-        except ApiException as exc:
-            if exc.status in (400, 422):
-                raise ToolFailure(
-                    "invalid_reset", f"the API server refused the Episode: {exc.body!s:.500}"
-                ) from exc
-            raise
+        except Refused as exc:
+            raise ToolFailure("invalid_reset", f"the API server refused the Episode: {exc.detail}") from exc
         started = await self._await_start(created)
         self._by_hash[token_hash(token)] = created["metadata"]["name"]
         return ResetResult(self._view(started), agent_token=token)
@@ -345,9 +330,7 @@ class Gateway:
             if c.get("type") == "Blocked" and c.get("status") == "True"
         ]
         if blocking and status.get("phase") in (None, "Pending"):
-            await self.kube.custom.delete_namespaced_custom_object(
-                "posttrain.dev", "v1alpha1", meta["namespace"], "episodes", meta["name"]
-            )
+            await self.kube.delete_episode(meta["namespace"], meta["name"])
             raise ToolFailure(
                 "namespace_blocked", blocking[0].get("message", "orphaned jobs block new episodes")
             )

@@ -1,4 +1,5 @@
-"""The gateway's Kubernetes access: Episodes and AgentJobs only (it never reads Secrets)."""
+"""The gateway's Kubernetes access: Episodes and AgentJobs only (it never reads Secrets). The only
+gateway module that calls the API; refusals come out as `Refused`, never as the client's exceptions."""
 
 from __future__ import annotations
 
@@ -18,6 +19,19 @@ Obj = dict[str, Any]
 
 class Conflict(Exception):
     """A precondition (JSON-patch `test` or resourceVersion) failed: someone wrote first."""
+
+
+class Refused(Exception):
+    """The API server refused a write (400/422: invalid, 409: conflicting); nothing was written."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+    @classmethod
+    def of(cls, exc: ApiException) -> Refused:
+        return cls(exc.status, f"{exc.body!s:.500}")
 
 
 class WatchExpired(Exception):
@@ -98,27 +112,58 @@ class Kube:
         return items
 
     async def list_agentjobs(self, namespace: str, episode: str) -> list[Obj]:
-        # No label selector: the operator labels a job only once it admits it. spec.episode is the truth.
-        found = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs")
-        return [j for j in found["items"] if j.get("spec", {}).get("episode") == episode]
+        # By spec.episode, the truth (a selectable field of the CRD), not by label: the operator
+        # labels a job only once it admits it.
+        found = await self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, "agentjobs", field_selector=f"spec.episode={episode}"
+        )
+        items: list[Obj] = found["items"]
+        return items
 
     async def create(self, namespace: str, plural: str, body: Obj) -> Obj:
-        created: Obj = await self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, plural, body
-        )
+        """Raises Refused when the schema refuses the object (400/422)."""
+        try:
+            created: Obj = await self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, body
+            )
+        except ApiException as exc:
+            if exc.status in (400, 422):
+                raise Refused.of(exc) from exc
+            raise
         return created
 
-    async def merge_patch_episode(self, namespace: str, name: str, patch: Obj) -> Obj:
-        patched: Obj = await self.custom.patch_namespaced_custom_object(
+    async def _patch_episode(
+        self, namespace: str, name: str, body: Any, content_type: str, *, status: bool
+    ) -> Obj:
+        api = self.custom
+        patch = api.patch_namespaced_custom_object_status if status else api.patch_namespaced_custom_object
+        patched: Obj = await patch(
             GROUP,
             VERSION,
             namespace,
             "episodes",
             name,
-            patch,
-            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+            body,
+            _content_type=content_type,  # type: ignore[call-arg]
         )
         return patched
+
+    async def merge_patch_episode(self, namespace: str, name: str, patch: Obj) -> Obj:
+        """Raises Refused when a validation rule (e.g. an immutable field) refuses it (409/422)."""
+        try:
+            patched = await self._patch_episode(namespace, name, patch, MERGE_PATCH, status=False)
+        except ApiException as exc:
+            if exc.status in (409, 422):
+                raise Refused.of(exc) from exc
+            raise
+        return patched
+
+    async def delete_episode(self, namespace: str, name: str) -> None:
+        try:
+            await self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "episodes", name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     async def set_steps(self, namespace: str, name: str, current: Obj, steps: int) -> Obj:
         """Write status.steps only if nobody changed it since `current` was read (else Conflict)."""
@@ -137,15 +182,7 @@ class Kube:
             }
             content_type = MERGE_PATCH
         try:
-            patched: Obj = await self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                "episodes",
-                name,
-                body,
-                _content_type=content_type,  # type: ignore[call-arg]
-            )
+            patched = await self._patch_episode(namespace, name, body, content_type, status=True)
         except ApiException as exc:
             # 422: the test op failed; 409: the resourceVersion moved on.
             if exc.status in (409, 422):

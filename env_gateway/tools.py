@@ -10,15 +10,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import API_VERSION, TERMINAL_JOB_PHASES, AgentJobStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
+from posttrain_operator.api.rules import ENDED_PHASES, EPISODE_LABEL
 from pydantic import BaseModel
 
 from env_gateway.broker import BrokerClient, BrokerError
 from env_gateway.config import GatewaySettings
-from env_gateway.episode_view import ENDED_PHASES, EpisodeView
-from env_gateway.kube import Kube, WatchExpired
+from env_gateway.episode_view import EpisodeView
+from env_gateway.kube import Kube, Refused, WatchExpired
 from env_gateway.schemas import (
     Args,
     CancelResult,
@@ -38,7 +38,6 @@ from env_gateway.schemas import (
     WaitResult,
 )
 
-EPISODE_LABEL = "posttrain.dev/episode"
 CREATED_BY_LABEL = "posttrain.dev/created-by"
 CREATED_BY = "env-gateway"
 # Phases after which admission has been decided.
@@ -107,10 +106,8 @@ async def _create_and_await_admission(ctx: ToolContext, body: dict[str, Any]) ->
     }
     try:
         job = await ctx.kube.create(ep.namespace, "agentjobs", body)
-    except ApiException as exc:
-        if exc.status in (400, 422):  # the CRD schema refused it: nothing was created
-            raise ToolFailure("invalid_job", f"the API server refused the job: {exc.body!s:.500}") from exc
-        raise
+    except Refused as exc:  # the CRD schema refused it: nothing was created
+        raise ToolFailure("invalid_job", f"the API server refused the job: {exc.detail}") from exc
     name = job["metadata"]["name"]
     job = await _wait_for(
         ctx, name, job, lambda j: _phase(j) in DECIDED_PHASES, ctx.settings.submit_admission_wait_seconds
@@ -154,16 +151,15 @@ async def _wait_for(
 async def task_info(ctx: ToolContext, _: NoArgs) -> dict[str, Any]:
     ep = ctx.episode
     view = ep.task.public_view().model_dump(mode="json")
+    limits = ep.limits
     view["episode"] = {
         "name": ep.name,
         "budget_usd": ep.spec.budget_usd,
-        "flavors": ep.spec.flavors or ep.task.default_flavors,
-        "max_steps": ep.max_steps,
-        "max_wall_seconds": ep.spec.limits.max_wall_seconds or ep.task.limits.max_wall_seconds,
-        "max_concurrent_jobs": ep.spec.limits.max_concurrent_jobs or ep.task.limits.max_concurrent_jobs,
-        "max_job_timeout_seconds": (
-            ep.spec.limits.max_job_timeout_seconds or ep.task.limits.max_job_timeout_seconds
-        ),
+        "flavors": ep.flavors,
+        "max_steps": limits.max_steps,
+        "max_wall_seconds": limits.max_wall_seconds,
+        "max_concurrent_jobs": limits.max_concurrent_jobs,
+        "max_job_timeout_seconds": limits.max_job_timeout_seconds,
         "submission": ep.spec.submission.checkpoint_from if ep.spec.submission else None,
     }
     return view
@@ -177,7 +173,7 @@ async def jobs_submit(ctx: ToolContext, args: SubmitJobArgs) -> JobResult:
         "purpose": "train",
         "script": args.script,
         "packages": args.packages,
-        "flavor": args.flavor or (ep.spec.flavors or ep.task.default_flavors)[0],
+        "flavor": args.flavor or ep.flavors[0],
         "timeoutSeconds": args.timeout_seconds,
         "datasets": args.datasets if args.datasets is not None else sorted(ep.task.agent_datasets),
     }
@@ -196,7 +192,7 @@ async def dev_evaluate(ctx: ToolContext, args: DevEvaluateArgs) -> JobResult:
     spec = {
         "episode": ep.name,
         "purpose": "devEval",
-        "flavor": (ep.spec.flavors or ep.task.default_flavors)[0],
+        "flavor": ep.flavors[0],
         "timeoutSeconds": args.timeout_seconds,
         "checkpointFrom": args.job,
     }
@@ -303,10 +299,8 @@ async def submit(ctx: ToolContext, args: JobArgs) -> SubmitResult:
         await ctx.kube.merge_patch_episode(
             ep.namespace, ep.name, {"spec": {"submission": {"checkpointFrom": args.job}}}
         )
-    except ApiException as exc:
-        if exc.status in (409, 422):  # CEL: settable exactly once
-            raise ToolFailure("already_submitted", "the episode's submission is already set") from exc
-        raise
+    except Refused as exc:  # CEL: settable exactly once
+        raise ToolFailure("already_submitted", "the episode's submission is already set") from exc
     return SubmitResult(
         submitted=args.job,
         message=(

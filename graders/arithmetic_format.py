@@ -12,9 +12,9 @@ from graders.assets.datasets import read_jsonl
 from graders.checkpoint import load_strict
 from graders.checkpoint_files import InvalidCheckpoint
 from graders.inputs import GraderInputs
-from graders.registry import DATASET_FILE, Task
 from graders.result import GraderResult
 from graders.scoring import exact_match_accuracy
+from graders.tasks import DATASET_FILE, Task
 
 GRADER_VERSION = "arithmetic_format/2"
 # " #### " plus at most a few digits and the end token; a longer answer is wrong anyway.

@@ -14,9 +14,9 @@ from graders.checkpoint_files import (
     scan_output_tree,
 )
 from graders.inputs import GraderInputs
-from graders.registry import DATASET_FILE, Task
 from graders.result import GraderResult
 from graders.scoring import artifact_matches
+from graders.tasks import DATASET_FILE, Task
 
 GRADER_VERSION = "artifact/2"
 ANSWER_FILE = "answer.json"

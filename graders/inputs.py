@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from graders.registry import GRADER_INPUT_BASE_MODEL, GRADER_INPUT_CHECKPOINT, GRADER_INPUT_SPLIT
+from graders.tasks import GRADER_INPUT_BASE_MODEL, GRADER_INPUT_CHECKPOINT, GRADER_INPUT_SPLIT
 
 
 def input_env_var(name: str) -> str:

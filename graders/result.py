@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from graders.registry import RESULT_FILE
+from graders.tasks import RESULT_FILE
 
 ResultStatus = Literal["ok", "invalid_checkpoint", "error"]
 MAX_REASON_CHARS = 500

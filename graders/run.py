@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Protocol
 
 from graders.inputs import OUTPUT_DIR_ENV, GraderInputs
-from graders.registry import Task, get_task
 from graders.result import GraderResult, write_result
+from graders.tasks import Task, get_task
 
 RUNNER_VERSION = "run/1"
 EXIT_OK = 0

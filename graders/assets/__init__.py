@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graders.assets import datasets
-from graders.registry import LOCAL_ASSETS_REVISION, RepoRef, all_tasks, get_task
+from graders.tasks import LOCAL_ASSETS_REVISION, RepoRef, all_tasks, get_task
 
 Progress = Callable[[str], None]
 

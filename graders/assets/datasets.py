@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from graders.registry import DATASET_FILE
+from graders.tasks import DATASET_FILE
 
 ARITHMETIC_SEED = 20240601
 ARITHMETIC_OPERAND_MAX = 19

@@ -16,12 +16,11 @@ import time
 from typing import Any
 
 from aiohttp import web
-from kubernetes_asyncio import client
 
 from posttrain_operator.api.models import AgentJobStatus, status_of
 from posttrain_operator.backends.base import BackendError
-from posttrain_operator.reconcile.agentjob import handle_of
 from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.jobs import handle_of
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +40,7 @@ async def _authenticated_user(request: web.Request) -> str:
     reviews: dict[str, tuple[float, str | None]] = request.app[REVIEWS_KEY]
     cached = reviews.get(token)
     if cached is None or time.monotonic() - cached[0] > TOKEN_CACHE_SECONDS:
-        ctx = request.app[CTX_KEY]
-        api = client.AuthenticationV1Api(ctx.kube.api_client)
-        review = await api.create_token_review(
-            client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))
-        )
-        user = review.status.user.username if review.status and review.status.authenticated else None
+        user = await request.app[CTX_KEY].kube.review_token(token)
         if len(reviews) > 1000:
             reviews.clear()
         reviews[token] = cached = (time.monotonic(), user)

@@ -19,8 +19,10 @@ from posttrain_operator.api.models import GROUP, VERSION
 from posttrain_operator.backends.base import BackendError
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Conflict
-from posttrain_operator.reconcile.agentjob import Retry, cancel_agentjob, reconcile_agentjob
+from posttrain_operator.reconcile.admission import reconcile_agentjob
+from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.episode import finalize_episode, reconcile_episode
+from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
 from posttrain_operator.runtime import build_context
 
@@ -49,13 +51,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     config = OperatorSettings()
     settings.persistence.finalizer = config.finalizer
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=config.annotation_prefix)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=config.annotation_prefix)
+    # No handler reacts to changes (specs are immutable, or read fresh on every tick), so the labels
+    # the operator adds need not count as one: without this, each costs kopf a diff-base patch.
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=config.annotation_prefix, ignored_fields=["metadata.labels"]
+    )
     # Long watches without a server-side timeout can silently stall (nolar/kopf#585, #1012).
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    # kopf waits this long for more events of an object before handling it (default 0.1 s): our
-    # handlers read fresh state anyway, so a short window only adds admission latency.
-    settings.batching.batch_window = 0.02
     # kopf posts an Event per handler run by default; ours are posted where they mean something.
     settings.posting.level = logging.WARNING
     logging.getLogger("httpx2").setLevel(logging.WARNING)
@@ -72,13 +75,15 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await memo.poller
     await memo.broker.cleanup()
-    await memo.ctx.kube.custom.api_client.close()
+    await memo.ctx.kube.close()
 
 
 @kopf.on.create(*AGENTJOBS)
 @kopf.on.resume(*AGENTJOBS)
-async def agentjob_reconcile(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name))
+async def agentjob_reconcile(
+    namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name, observed=dict(body)))
 
 
 @kopf.on.event(*AGENTJOBS)

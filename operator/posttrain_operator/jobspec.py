@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graders.registry import (
+from graders.tasks import (
     AGENT_INPUT_MODEL,
     GRADER_INPUT_BASE_MODEL,
     GRADER_INPUT_CHECKPOINT,

@@ -1,25 +1,40 @@
 """Kubernetes API calls the operator makes beyond kopf's own: reads, compare-and-swap status writes,
-merge patches, and creates. Nothing here decides anything."""
+merge patches, creates, Events and TokenReviews. Nothing here decides anything, and no other module
+of the operator (the pods backend aside, which owns its own objects) calls the API."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from posttrain_operator.api.models import GROUP, VERSION, EpisodeStatus, status_of
+from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, EpisodeStatus, status_of
 
 MERGE_PATCH = "application/merge-patch+json"
+# In the API server's audit log, the reconcilers' calls (kopf's own carry "kopf/<version>").
+USER_AGENT = "posttrain-operator"
 CAS_ATTEMPTS = 20
 T = TypeVar("T")
+# A compare-and-swap callback: from the Episode as read and its status, the status to write (None:
+# nothing to write) and a result for the caller. It may run several times, so it must be pure.
+Mutate = Callable[[dict[str, Any], EpisodeStatus], tuple[EpisodeStatus | None, T]]
 
 
 class Conflict(RuntimeError):
     """A compare-and-swap lost too many races in a row."""
+
+
+@dataclass(frozen=True)
+class EpisodeUpdate(Generic[T]):
+    body: dict[str, Any]  # the Episode as written, or as read when there was nothing to write
+    status: EpisodeStatus
+    written: bool
+    result: T  # what the last run of the callback returned
 
 
 async def make_api_client() -> client.ApiClient:
@@ -27,17 +42,39 @@ async def make_api_client() -> client.ApiClient:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         await config.load_kube_config()
-    return client.ApiClient()
+    api_client = client.ApiClient()
+    api_client.user_agent = USER_AGENT
+    return api_client
 
 
 class Kube:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(
+        self,
+        custom: client.CustomObjectsApi,
+        core: client.CoreV1Api,
+        auth: client.AuthenticationV1Api,
+        api_client: client.ApiClient | None = None,
+    ) -> None:
         self.api_client = api_client
-        self.custom = client.CustomObjectsApi(api_client)
-        self.core = client.CoreV1Api(api_client)
+        self.custom = custom
+        self.core = core
+        self.auth = auth
         # Ledger writers in this process take turns per Episode, so the compare-and-swap only
         # ever races with other processes (the gateway's step counter), never with itself.
         self._episode_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    @classmethod
+    def connect(cls, api_client: client.ApiClient) -> Kube:
+        return cls(
+            client.CustomObjectsApi(api_client),
+            client.CoreV1Api(api_client),
+            client.AuthenticationV1Api(api_client),
+            api_client,
+        )
+
+    async def close(self) -> None:
+        if self.api_client is not None:
+            await self.api_client.close()
 
     async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -69,31 +106,26 @@ class Kube:
         return items
 
     async def update_episode_status(
-        self,
-        namespace: str,
-        name: str,
-        mutate: Callable[[dict[str, Any], EpisodeStatus], EpisodeStatus | None],
-    ) -> tuple[dict[str, Any], EpisodeStatus, bool]:
+        self, namespace: str, name: str, mutate: Mutate[T], *, seen: dict[str, Any] | None = None
+    ) -> EpisodeUpdate[T]:
         """Compare-and-swap on the Episode's status: read, mutate, replace with the read's
-        resourceVersion, and start over on a conflict. `mutate` returns None when there is nothing to
-        write; it must be pure, as it may run several times. Returns (body, status, written)."""
+        resourceVersion, and start over from a fresh read on a conflict. `seen`, the Episode as this
+        pass already read it, saves the first read (a stale copy only costs a retry)."""
         async with self._episode_locks.setdefault((namespace, name), asyncio.Lock()):
-            return await self._update_episode_status(namespace, name, mutate)
+            return await self._update_episode_status(namespace, name, mutate, seen)
 
     async def _update_episode_status(
-        self,
-        namespace: str,
-        name: str,
-        mutate: Callable[[dict[str, Any], EpisodeStatus], EpisodeStatus | None],
-    ) -> tuple[dict[str, Any], EpisodeStatus, bool]:
+        self, namespace: str, name: str, mutate: Mutate[T], seen: dict[str, Any] | None
+    ) -> EpisodeUpdate[T]:
         for attempt in range(CAS_ATTEMPTS):
-            body = await self.get_episode(namespace, name)
+            body = seen if seen is not None and attempt == 0 else await self.get_episode(namespace, name)
             if body is None:
                 raise LookupError(f"episode {namespace}/{name} not found")
+            body = dict(body)
             current = status_of(EpisodeStatus, body.get("status"))
-            new = mutate(body, current)
+            new, result = mutate(body, current)
             if new is None:
-                return body, current, False
+                return EpisodeUpdate(body, current, False, result)
             body["status"] = {**(body.get("status") or {}), **new.wire()}
             for cleared in set(current.wire()) - set(new.wire()):
                 body["status"].pop(cleared, None)
@@ -103,22 +135,26 @@ class Kube:
                 )
             except ApiException as exc:
                 if exc.status == 409:
+                    if attempt == 0 and seen is not None:
+                        continue  # the copy this pass had was stale: read afresh at once
                     await asyncio.sleep(random.uniform(0, 0.01 * 2 ** min(attempt, 6)))
                     continue
                 raise
-            return written, new, True
+            return EpisodeUpdate(written, new, True, result)
         raise Conflict(f"episode {namespace}/{name}: status update lost {CAS_ATTEMPTS} races in a row")
 
     async def patch_agentjob_status(
-        self, namespace: str, name: str, status: dict[str, Any]
+        self, namespace: str, name: str, status: AgentJobStatus, *, partial: bool = False
     ) -> dict[str, Any]:
+        """A merge patch with `status` whole (every field but unset optional ones), or, `partial`,
+        with only the fields it was built with (see ApiModel.patch)."""
         body: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
             GROUP,
             VERSION,
             namespace,
             "agentjobs",
             name,
-            {"status": status},
+            {"status": status.patch() if partial else status.wire()},
             _content_type=MERGE_PATCH,  # type: ignore[call-arg]
         )
         return body
@@ -160,12 +196,18 @@ class Kube:
             raise
         return True
 
+    async def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        """A Secret's data, base64-encoded as the API serves it."""
+        secret = await self.core.read_namespaced_secret(name, namespace)
+        return dict(secret.data or {})
 
-async def retry_conflicts(fn: Callable[[], Awaitable[T]], attempts: int = CAS_ATTEMPTS) -> T:
-    for _ in range(attempts - 1):
-        try:
-            return await fn()
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    return await fn()
+    async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        await self.core.create_namespaced_event(namespace, event)  # type: ignore[arg-type]
+
+    async def review_token(self, token: str) -> str | None:
+        """The username a bearer token authenticates as (TokenReview), or None if it is rejected."""
+        review = await self.auth.create_token_review(
+            client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))
+        )
+        status = review.status
+        return status.user.username if status and status.authenticated and status.user else None

@@ -109,8 +109,3 @@ def settle(ledger: Ledger, job: str, cost: int) -> tuple[Ledger, int, bool]:
     if overrun:
         entries[f"{job}.overrun"] = LedgerEntry(settled_micro_usd=overrun, platform=True)
     return with_totals(ledger.model_copy(update={"entries": entries})), charged, True
-
-
-def cheapest_possible_job(price_micro_per_minute: int) -> int:
-    """The least any new job can reserve (one minute): below this, no job can ever be admitted."""
-    return price_micro_per_minute

@@ -93,14 +93,14 @@ class EventRecorder:
             "count": 1,
         }
         try:
-            await self.kube.core.create_namespaced_event(meta["namespace"], event)  # type: ignore[arg-type]
+            await self.kube.create_event(meta["namespace"], event)
         except Exception as exc:
             log.debug("posting event %s for %s failed: %s", reason, meta["name"], exc)
 
 
 async def build_context(settings: OperatorSettings) -> Context:
     api_client = await make_api_client()
-    kube = Kube(api_client)
+    kube = Kube.connect(api_client)
     return Context(
         kube=kube,
         backends=build_backends(settings, api_client),

@@ -22,7 +22,7 @@ from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets import LocalRepo, materialize_assets
-from graders.registry import all_tasks
+from graders.tasks import all_tasks
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json, wait_for
 

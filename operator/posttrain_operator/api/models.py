@@ -36,8 +36,6 @@ JobPhase = Literal[
     "Pending", "Admitted", "Running", "Succeeded", "Failed", "Cancelled", "Rejected", "Orphaned"
 ]
 TERMINAL_JOB_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled", "Rejected"})
-# Jobs that may still bill: everything admitted and not confirmed finished.
-ACTIVE_JOB_PHASES: frozenset[str] = frozenset({"Admitted", "Running", "Orphaned"})
 
 
 class ApiModel(BaseModel):
@@ -51,6 +49,11 @@ class ApiModel(BaseModel):
     def wire(self) -> dict[str, Any]:
         """The JSON-ready camelCase form, without unset optional fields."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def patch(self) -> dict[str, Any]:
+        """This model as a JSON merge patch: the fields it was parsed or built with and every field
+        updated since (a model_copy update counts); one updated to None is removed."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 class Condition(ApiModel):
@@ -248,7 +251,9 @@ class AgentJobStatus(ApiModel):
     billed_seconds: int | None = Field(default=None, ge=0)
     started_at: str | None = None
     finished_at: str | None = None
-    exit_code: int | None = None
+    exit_code: int | None = Field(
+        default=None, description="exitCode is the job process's exit code, where the backend reports one."
+    )
     artifacts: list[Artifact] = Field(default_factory=list, max_length=MAX_ARTIFACTS)
     result: GradeResult | None = None
     observed_generation: int | None = None

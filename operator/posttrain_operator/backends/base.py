@@ -76,6 +76,7 @@ class RemoteStatus:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     raw_stage: str = ""
+    exit_code: int | None = None  # the job process's, where the backend reports it (pods; not HF Jobs)
 
 
 @dataclass(frozen=True)

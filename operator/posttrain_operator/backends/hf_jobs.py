@@ -12,6 +12,7 @@ import json
 import random
 import re
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,7 +21,6 @@ from typing import Any, TypeVar
 import httpx2
 from huggingface_hub import HfApi, HfFileSystem, JobInfo, Volume, set_client_factory
 from huggingface_hub.errors import HfHubHTTPError, JobNotFoundError
-from huggingface_hub.utils._http import hf_request_event_hook
 
 from posttrain_operator.backends.base import (
     ArtifactInfo,
@@ -70,11 +70,17 @@ class HfJobsConfig:
     max_backoff_s: float = 30.0
 
 
+def _request_id(request: httpx2.Request) -> None:
+    # What the hub's own (private) hook adds: a trace id per request, for HF's server-side logs.
+    request.headers.setdefault("X-Amzn-Trace-Id", str(uuid.uuid4()))
+
+
 def install_client_timeout(timeout_s: float) -> None:
-    """The client's default session has no timeout, and a silent server would block a thread forever."""
+    """The client's default session has no timeout, and a silent server would block a thread forever.
+    Through the public factory, so the client is ours whole: redirects, a request id, a timeout."""
     set_client_factory(
         lambda: httpx2.Client(
-            event_hooks={"request": [hf_request_event_hook]},
+            event_hooks={"request": [_request_id]},
             follow_redirects=True,
             timeout=httpx2.Timeout(timeout_s),
         )

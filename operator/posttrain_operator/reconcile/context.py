@@ -5,30 +5,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from posttrain_operator.api.conditions import set_condition
 from posttrain_operator.api.models import Condition
+from posttrain_operator.api.rules import format_time, now_utc
 from posttrain_operator.backends.base import Backend
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Kube
 
 EventSink = Callable[[dict[str, Any], str, str, str], None]
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_iso(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 class KeyedLocks:
@@ -50,7 +37,7 @@ class Context:
     kube: Kube
     backends: dict[str, Backend]
     settings: OperatorSettings
-    clock: Callable[[], datetime] = utcnow
+    clock: Callable[[], datetime] = now_utc
     locks: KeyedLocks = field(default_factory=KeyedLocks)
     emit: EventSink = _no_events
 
@@ -62,11 +49,11 @@ class Context:
         ok: bool,
         reason: str,
         message: str,
-    ) -> list[Condition]:
-        """`conditions` with one set, stamped with this clock and the object's generation."""
+    ) -> tuple[list[Condition], bool]:
+        """`conditions` with one set, stamped with this clock and the object's generation, and
+        whether anything changed."""
         generation = int(body["metadata"].get("generation", 1))
-        updated, _ = set_condition(conditions, type_, ok, reason, message, iso(self.clock()), generation)
-        return updated
+        return set_condition(conditions, type_, ok, reason, message, format_time(self.clock()), generation)
 
     def backend(self, name: str) -> Backend:
         try:

@@ -4,14 +4,13 @@ submission, end, cancel everything, and retry unconfirmed cancellations with bac
 from __future__ import annotations
 
 import base64
-import hashlib
 import logging
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from graders.registry import Task, UnknownTaskError, get_task
+from graders.tasks import Task, UnknownTaskError, get_task
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import (
     API_VERSION,
@@ -23,23 +22,26 @@ from posttrain_operator.api.models import (
     status_of,
 )
 from posttrain_operator.api.money import usd_to_micro
+from posttrain_operator.api.rules import (
+    ENDED_PHASES,
+    EPISODE_LABEL,
+    allowed_flavors,
+    format_time,
+    jobs_running,
+    limits_in_force,
+    parse_time,
+    remaining_micro_usd,
+    token_hash,
+)
 from posttrain_operator.backends.base import BackendError, SupportsEpisodeCleanup
 from posttrain_operator.ledger import with_totals
-from posttrain_operator.reconcile.agentjob import (
-    EPISODE_LABEL,
-    cancel_agentjob,
-    with_orphan_condition,
-)
-from posttrain_operator.reconcile.context import Context, iso, parse_iso
+from posttrain_operator.reconcile.cancellation import cancel_all
+from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.orphans import collect_orphans
 
 log = logging.getLogger(__name__)
 
-ENDED_PHASES = {"Completed", "Failed"}
 TOKEN_SECRET_KEY = "token"
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -57,18 +59,16 @@ def limit_reached(
     spec: EpisodeSpec, status: EpisodeStatus, task: Task, now: datetime, cheapest_price: int | None
 ) -> End | None:
     """The step, wall-time and budget limits: each ends the episode with reward "0"."""
-    max_steps = spec.limits.max_steps or task.limits.max_steps
+    max_steps = limits_in_force(spec, task).max_steps
     if status.steps >= max_steps:
         return End(
             "LimitReached", "0", f"step limit reached ({status.steps} of {max_steps}) without a submission"
         )
-    deadline = parse_iso(status.deadline)
+    deadline = parse_time(status.deadline)
     if deadline is not None and now >= deadline:
         return End("LimitReached", "0", "wall-time limit reached without a submission")
-    ledger = status.ledger
-    running = any(not e.platform and e.settled_micro_usd is None for e in ledger.entries.values())
-    remaining = ledger.budget_micro_usd - ledger.reserved_micro_usd - ledger.settled_micro_usd
-    if cheapest_price is not None and not running and remaining < cheapest_price:
+    remaining = remaining_micro_usd(spec, status.ledger)
+    if cheapest_price is not None and not jobs_running(status.ledger) and remaining < cheapest_price:
         return End("LimitReached", "0", "budget exhausted: no job can be admitted any more")
     return None
 
@@ -98,15 +98,15 @@ def scoring_outcome(score_job: dict[str, Any] | None) -> End | None:
 # --- actions -----------------------------------------------------------------------------------
 
 
-async def _set(ctx: Context, body: dict[str, Any], **update: Any) -> EpisodeStatus:
+async def _set(ctx: Context, body: dict[str, Any], **update: Any) -> None:
+    """Set status fields of the Episode this pass read as `body` (one compare-and-swap)."""
     meta = body["metadata"]
 
-    def mutate(_: dict[str, Any], current: EpisodeStatus) -> EpisodeStatus | None:
+    def mutate(_: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, None]:
         new = current.model_copy(update=update)
-        return None if new == current else new
+        return (None if new == current else new), None
 
-    _, status, _ = await ctx.kube.update_episode_status(meta["namespace"], meta["name"], mutate)
-    return status
+    await ctx.kube.update_episode_status(meta["namespace"], meta["name"], mutate, seen=body)
 
 
 async def reconcile_episode(
@@ -175,7 +175,7 @@ def _has_unsettled_jobs(status: EpisodeStatus) -> bool:
 async def _cheapest_price(ctx: Context, spec: EpisodeSpec, task: Task) -> int | None:
     backend = ctx.backend(spec.backend)
     prices = []
-    for flavor in spec.flavors or task.default_flavors:
+    for flavor in allowed_flavors(spec, task):
         try:
             prices.append(await backend.price(flavor))
         except BackendError:
@@ -200,27 +200,31 @@ async def _start(
     blocking = await _blocking_orphans(ctx, namespace, name)
     if blocking:
         message = f"jobs whose cancellation is unconfirmed in this namespace: {', '.join(blocking)}"
-        conditions = ctx.set_condition(
+        conditions, changed = ctx.set_condition(
             body, status.conditions, cond.BLOCKED, True, cond.ORPHANED_JOBS, message
         )
-        if status.phase != "Pending" or conditions != status.conditions:
+        if status.phase != "Pending" or changed:
             await _set(ctx, body, phase="Pending", conditions=conditions)
             ctx.emit(body, "Warning", cond.ORPHANED_JOBS, message)
         return
     token_hash_, secret_name = await _agent_token(ctx, body, spec)
     now = ctx.clock()
-    wall = spec.limits.max_wall_seconds or task.limits.max_wall_seconds
+    wall = limits_in_force(spec, task).max_wall_seconds
     ledger = with_totals(status.ledger.model_copy(update={"budget_micro_usd": usd_to_micro(spec.budget_usd)}))
     conditions = status.conditions
     if any(c.type == cond.BLOCKED for c in conditions):
-        conditions = ctx.set_condition(body, conditions, cond.BLOCKED, False, "NoOrphans", "no orphaned jobs")
-    conditions = ctx.set_condition(body, conditions, cond.READY, True, "Started", f"started task {task.name}")
+        conditions, _ = ctx.set_condition(
+            body, conditions, cond.BLOCKED, False, "NoOrphans", "no orphaned jobs"
+        )
+    conditions, _ = ctx.set_condition(
+        body, conditions, cond.READY, True, "Started", f"started task {task.name}"
+    )
     await _set(
         ctx,
         body,
         phase="Running",
-        started_at=iso(now),
-        deadline=iso(now + timedelta(seconds=wall)),
+        started_at=format_time(now),
+        deadline=format_time(now + timedelta(seconds=wall)),
         ledger=ledger,
         agent_token_hash=token_hash_,
         agent_token_secret=secret_name,
@@ -254,14 +258,14 @@ async def _agent_token(ctx: Context, body: dict[str, Any], spec: EpisodeSpec) ->
         },
     )
     if not created:  # a retry after a crash: the Secret from the first attempt is the truth
-        existing = await ctx.kube.core.read_namespaced_secret(secret_name, meta["namespace"])
-        token = base64.b64decode(existing.data[TOKEN_SECRET_KEY]).decode()
+        existing = await ctx.kube.read_secret_data(meta["namespace"], secret_name)
+        token = base64.b64decode(existing[TOKEN_SECRET_KEY]).decode()
     return token_hash(token), secret_name
 
 
 async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
     status = status_of(EpisodeStatus, body.get("status"))
-    conditions = ctx.set_condition(body, status.conditions, cond.READY, False, end.outcome, end.message)
+    conditions, _ = ctx.set_condition(body, status.conditions, cond.READY, False, end.outcome, end.message)
     await _set(
         ctx,
         body,
@@ -269,7 +273,7 @@ async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
         outcome=end.outcome,
         reward=end.reward,
         message=end.message,
-        ended_at=iso(ctx.clock()),
+        ended_at=format_time(ctx.clock()),
         conditions=conditions,
     )
     ctx.emit(body, "Normal" if end.outcome == "Scored" else "Warning", end.outcome, end.message)
@@ -287,21 +291,6 @@ async def release_backend_resources(ctx: Context, body: dict[str, Any]) -> None:
             await backend.release_episode(meta["namespace"], meta["name"])
         except Exception as exc:
             log.warning("releasing %s/%s on its backend failed: %s", meta["namespace"], meta["name"], exc)
-
-
-async def cancel_all(
-    ctx: Context, body: dict[str, Any], reason: str, message: str, *, keep: str | None = None
-) -> bool:
-    """Cancel every non-terminal job of the episode; True when every cancellation is confirmed."""
-    meta = body["metadata"]
-    confirmed = True
-    for job in await ctx.kube.list_agentjobs(meta["namespace"], meta["name"]):
-        job_name = job["metadata"]["name"]
-        if job_name == keep or status_of(AgentJobStatus, job.get("status")).phase in TERMINAL_JOB_PHASES:
-            continue
-        async with ctx.locks("agentjob", meta["namespace"], job_name):
-            confirmed = await cancel_agentjob(ctx, meta["namespace"], job_name, reason, message) and confirmed
-    return confirmed
 
 
 async def _start_scoring(
@@ -372,7 +361,7 @@ async def _ensure_score_job(
             "spec": {
                 "episode": meta["name"],
                 "purpose": "score",
-                "flavor": (spec.flavors or task.default_flavors)[0],
+                "flavor": allowed_flavors(spec, task)[0],
                 "timeoutSeconds": spec.scoring.timeout_seconds or task.scoring_timeout_seconds,
                 "checkpointFrom": spec.submission.checkpoint_from,
             },
@@ -392,45 +381,6 @@ async def _check_scoring(
     end = scoring_outcome(job)
     if end is not None:
         await end_episode(ctx, body, end)
-
-
-async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
-    """Retry each due orphan's cancellation, with exponential backoff between attempts."""
-    body = await ctx.kube.get_episode(namespace, name)
-    if body is None:
-        return
-    status = status_of(EpisodeStatus, body.get("status"))
-    now = ctx.clock()
-    for orphan in status.orphaned_jobs:
-        due = parse_iso(orphan.next_attempt_at)
-        if due is not None and now < due:
-            continue
-        async with ctx.locks("agentjob", namespace, orphan.name):
-            confirmed = await cancel_agentjob(
-                ctx, namespace, orphan.name, cond.EPISODE_ENDED, "orphan collected"
-            )
-        if confirmed:
-            ctx.emit(body, "Normal", "OrphanCollected", f"backend confirmed cancellation of {orphan.name}")
-            continue
-        delay = min(
-            ctx.settings.orphan_retry_max_seconds,
-            ctx.settings.orphan_retry_initial_seconds * 2 ** min(orphan.attempts, 16),
-        )
-
-        def bump(
-            episode: dict[str, Any], current: EpisodeStatus, job: str = orphan.name, wait: float = delay
-        ) -> EpisodeStatus | None:
-            orphans = [
-                o.model_copy(
-                    update={"attempts": o.attempts + 1, "next_attempt_at": iso(now + timedelta(seconds=wait))}
-                )
-                if o.name == job
-                else o
-                for o in current.orphaned_jobs
-            ]
-            return with_orphan_condition(ctx, episode, current.model_copy(update={"orphaned_jobs": orphans}))
-
-        await ctx.kube.update_episode_status(namespace, name, bump)
 
 
 async def finalize_episode(ctx: Context, namespace: str, name: str) -> bool:

@@ -14,9 +14,12 @@ from typing import Any
 
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobStatus, status_of
+from posttrain_operator.api.rules import format_time, parse_time
 from posttrain_operator.backends.base import BackendError, Handle, RemoteStatus
-from posttrain_operator.reconcile.agentjob import cancel_agentjob, finish_agentjob, handle_of
-from posttrain_operator.reconcile.context import Context, iso, parse_iso
+from posttrain_operator.reconcile.cancellation import cancel_agentjob
+from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.finishing import finish_agentjob
+from posttrain_operator.reconcile.jobs import handle_of
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ async def _apply(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> None:
             )
             return
         started = remote.started_at
-        deadline_from = started or parse_iso(job.submitted_at)
+        deadline_from = started or parse_time(job.submitted_at)
         if deadline_from is not None:
             limit = timedelta(seconds=job.timeout_seconds + ctx.settings.job_deadline_grace_seconds)
             if ctx.clock() - deadline_from > limit:
@@ -97,10 +100,12 @@ async def _apply(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> None:
                 )
                 return
         if remote.raw_stage and remote.raw_stage != job.stage:
-            patch: dict[str, Any] = {"backendStage": remote.raw_stage}
+            seen: dict[str, Any] = {"backend_stage": remote.raw_stage}
             if started is not None:
-                patch["startedAt"] = iso(started)
-            await ctx.kube.patch_agentjob_status(job.namespace, job.name, patch)
+                seen["started_at"] = format_time(started)
+            # Only what the poll saw: the reconcilers own every other field.
+            update = AgentJobStatus(**seen)
+            await ctx.kube.patch_agentjob_status(job.namespace, job.name, update, partial=True)
 
 
 async def poll_once(ctx: Context, active: ActiveJobs) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from graders.assets import LocalRepo, materialize_assets
-from graders.registry import DATASET_FILE, RepoRef, get_task
 from graders.result import GraderResult, read_result
+from graders.tasks import DATASET_FILE, RepoRef, get_task
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SFT_SCRIPT = REPO_ROOT / "examples" / "train_arithmetic_sft.py"

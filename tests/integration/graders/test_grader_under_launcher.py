@@ -17,8 +17,8 @@ from posttrain_launcher import JobSpec, launcher_command, launcher_env
 from posttrain_launcher.host import job_interpreter
 
 from graders.assets import materialize_assets
-from graders.registry import DATASET_FILE, RepoRef, Task, get_task
 from graders.result import GraderResult, read_result
+from graders.tasks import DATASET_FILE, RepoRef, Task, get_task
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the launcher starts as root and drops to the job uid, as in a real job"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 
 import yaml
-from posttrain_operator.reconcile.episode import token_hash
+from posttrain_operator.api.rules import token_hash
 
 from devstack.hf_emulator import HfEmulator
 from tests.conftest import Kubectl

@@ -18,18 +18,16 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, config
 from posttrain_operator.backends.base import BackendError, Handle, JobRequest, OutputMount, RepoMount
-from posttrain_operator.backends.pods import (
+from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
+from posttrain_operator.backends.pods.manifests import namespace_body
+from posttrain_operator.backends.pods.names import (
     JOB_UID,
     KEY_LABEL,
     MANAGED_LABEL,
     NETWORK_POLICY,
     SOURCE_NAMESPACE_LABEL,
-    Flavor,
-    PodsBackend,
-    PodsConfig,
     episode_namespace,
     label_value,
-    namespace_body,
 )
 
 from devstack import cluster as devcluster

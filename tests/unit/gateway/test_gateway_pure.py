@@ -19,7 +19,7 @@ from env_gateway.openenv import host_allowed, orchestrator_credential
 from env_gateway.schemas import JobsWaitArgs, Outcome, SubmitJobArgs, ToolFailure
 from env_gateway.steps import StepCounter, StepLimitReached
 from env_gateway.wire import mcp_call_result, step_payload
-from graders.registry import get_task
+from graders.tasks import get_task
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ import pytest
 from graders.artifact import ANSWER_FILE, grade
 from graders.assets.datasets import write_dataset_repo
 from graders.inputs import GraderInputs
-from graders.registry import get_task
+from graders.tasks import get_task
 
 TASK = get_task("t0_artifact")
 CHECKS = [{"key": "k00", "expected": 7}, {"key": "k01", "expected": -3}]

@@ -6,7 +6,7 @@ import pytest
 
 from graders.assets import referenced_repos, repo_path
 from graders.assets.datasets import arithmetic_splits, artifact_checks
-from graders.registry import AGENT_INPUT_MODEL, all_tasks
+from graders.tasks import AGENT_INPUT_MODEL, all_tasks
 
 TASKS = all_tasks()
 

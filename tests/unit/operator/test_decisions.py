@@ -10,10 +10,11 @@ from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, EpisodeSpec, EpisodeStatus, Ledger
 from posttrain_operator.jobspec import InvalidJob, build_request, validate_against_task
-from posttrain_operator.reconcile.agentjob import Rejection, decide_admission, format_score, reserve_in
+from posttrain_operator.reconcile.admission import Rejection, decide_admission, reserve_in
 from posttrain_operator.reconcile.episode import limit_reached, scoring_outcome
+from posttrain_operator.reconcile.finishing import format_score
 
-from graders.registry import get_task
+from graders.tasks import get_task
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 ARTIFACT = get_task("t0_artifact")

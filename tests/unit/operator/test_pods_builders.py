@@ -13,31 +13,29 @@ import pytest
 from kubernetes_asyncio import client
 from posttrain_operator.api.models import AgentJobSpec
 from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, RepoMount, UnknownFlavor
-from posttrain_operator.backends.pods import (
+from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
+from posttrain_operator.backends.pods.manifests import (
+    is_default_deny,
+    namespace_body,
+    network_policy_body,
+    pod_body,
+)
+from posttrain_operator.backends.pods.names import (
     JOB_UID,
     KEY_ANNOTATION,
     KEY_LABEL,
     STORE_RO_VOLUME,
     STORE_RW_VOLUME,
-    Flavor,
-    PodsBackend,
-    PodsConfig,
     dns_name,
     episode_namespace,
-    is_default_deny,
     label_value,
-    list_artifacts,
-    namespace_body,
-    network_policy_body,
-    pod_body,
     pod_name,
-    prepare_output_dir,
-    read_artifact_file,
-    remote_status,
 )
+from posttrain_operator.backends.pods.status import remote_status
+from posttrain_operator.backends.pods.store import list_artifacts, prepare_output_dir, read_artifact_file
 from posttrain_operator.jobspec import build_request
 
-from graders.registry import get_task
+from graders.tasks import get_task
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?$")
@@ -305,38 +303,41 @@ def _pod(phase: str, state: dict[str, Any] | None = None, **status: Any) -> dict
 
 
 @pytest.mark.parametrize(
-    ("pod", "want_stage", "want_raw", "want_started", "want_finished", "want_in_message"),
+    ("pod", "want_stage", "want_raw", "want_started", "want_finished", "want_in_message", "want_code"),
     [
-        (_pod("Pending"), "pending", "Pending", None, None, ""),
+        (_pod("Pending"), "pending", "Pending", None, None, "", None),
         (
             _pod("Pending", {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}),
-            "pending", "Pending/ImagePullBackOff", None, None, "no such image",
+            "pending", "Pending/ImagePullBackOff", None, None, "no such image", None,
         ),
         (
             _pod("Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                           "message": "0/3 nodes have enough memory"}]),
-            "pending", "Pending/Unschedulable", None, None, "enough memory",
+            "pending", "Pending/Unschedulable", None, None, "enough memory", None,
         ),
-        (_pod("Running", {"running": {"startedAt": T0}}), "running", "Running", D0, None, ""),
+        (_pod("Running", {"running": {"startedAt": T0}}), "running", "Running", D0, None, "", None),
         (
             _pod("Succeeded", _ended(0, "Completed")),
-            "succeeded", "Succeeded", D0, D1, "",
+            "succeeded", "Succeeded", D0, D1, "", 0,
         ),
         (
             _pod("Failed", _ended(3, "Error")),
-            "failed", "Failed/Error", D0, D1, "exited with code 3 (Error)",
+            "failed", "Failed/Error", D0, D1, "exited with code 3 (Error)", 3,
         ),
         (
             _pod("Failed", _ended(137, "OOMKilled")),
-            "failed", "Failed/OOMKilled", D0, D1, "code 137 (OOMKilled)",
+            "failed", "Failed/OOMKilled", D0, D1, "code 137 (OOMKilled)", 137,
         ),
         (
             _pod("Failed", {"running": {"startedAt": T0}}, reason="DeadlineExceeded",
                  message="Pod was active on the node longer than the specified deadline",
                  conditions=[{"type": "Ready", "status": "False", "lastTransitionTime": T1}]),
-            "failed", "Failed/DeadlineExceeded", D0, D1, "DeadlineExceeded: Pod was active",
+            "failed", "Failed/DeadlineExceeded", D0, D1, "DeadlineExceeded: Pod was active", None,
         ),
-        (_pod("Unknown", {"running": {"startedAt": T0}}), "running", "Unknown", D0, None, "not reporting"),
+        (
+            _pod("Unknown", {"running": {"startedAt": T0}}),
+            "running", "Unknown", D0, None, "not reporting", None,
+        ),
     ],
     ids=[
         "pending-no-node", "pending-image-pull", "pending-unschedulable",
@@ -351,8 +352,10 @@ def test_pod_status_maps_to_remote_status(
     want_started: datetime | None,
     want_finished: datetime | None,
     want_in_message: str,
+    want_code: int | None,
 ) -> None:
     status = remote_status(pod)
+    assert status.exit_code == want_code
     assert (status.stage, status.raw_stage) == (want_stage, want_raw)
     assert (status.started_at, status.finished_at) == (want_started, want_finished)
     assert want_in_message in status.message

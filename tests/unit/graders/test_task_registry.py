@@ -5,7 +5,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from graders.registry import (
+from graders.tasks import (
     AGENT_INPUT_MODEL,
     UnknownTaskError,
     all_tasks,
@@ -19,7 +19,7 @@ TASK_IDS = [task.name for task in TASKS]
 
 def test_registry_imports_without_torch_or_transformers() -> None:
     code = (
-        "import sys, graders.registry, graders.result, graders.scoring, graders.checkpoint_files;"
+        "import sys, graders.tasks, graders.result, graders.scoring, graders.checkpoint_files;"
         "heavy = sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules);"
         "assert not heavy, heavy"
     )

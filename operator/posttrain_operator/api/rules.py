@@ -1,0 +1,132 @@
+"""Rules about an Episode that the operator and the gateway must read the same way: the limits in
+force, what is left of the budget, steps and wall time, how many jobs run, when it has ended, how a
+token is hashed, the label that ties objects to it, and how times are written.
+
+Pure functions of the typed models and an injected `now`; no I/O. The task's defaults come in through
+`TaskDefaults`, which the registry's `Task` satisfies, so this package needs nothing from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, Ledger
+from posttrain_operator.api.money import usd_to_micro
+
+# On every object that belongs to an Episode (its AgentJobs, its token Secret, pods-backend namespaces).
+EPISODE_LABEL = "posttrain.dev/episode"
+ENDED_PHASES: frozenset[str] = frozenset({"Completed", "Failed"})
+
+
+class LimitDefaults(Protocol):
+    @property
+    def max_steps(self) -> int: ...
+    @property
+    def max_wall_seconds(self) -> int: ...
+    @property
+    def max_concurrent_jobs(self) -> int: ...
+    @property
+    def max_job_timeout_seconds(self) -> int: ...
+
+
+class TaskDefaults(Protocol):
+    """What an Episode takes from its task when its spec leaves a field unset."""
+
+    @property
+    def limits(self) -> LimitDefaults: ...
+    @property
+    def default_flavors(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_steps: int
+    max_wall_seconds: int
+    max_concurrent_jobs: int
+    max_job_timeout_seconds: int
+
+
+def limits_in_force(spec: EpisodeSpec, task: TaskDefaults) -> Limits:
+    """Each limit from the Episode's spec, else the task's default."""
+    own, default = spec.limits, task.limits
+    return Limits(
+        max_steps=own.max_steps or default.max_steps,
+        max_wall_seconds=own.max_wall_seconds or default.max_wall_seconds,
+        max_concurrent_jobs=own.max_concurrent_jobs or default.max_concurrent_jobs,
+        max_job_timeout_seconds=own.max_job_timeout_seconds or default.max_job_timeout_seconds,
+    )
+
+
+def allowed_flavors(spec: EpisodeSpec, task: TaskDefaults) -> list[str]:
+    """The flavors jobs may use, in order of preference (the first is the default)."""
+    return list(spec.flavors or task.default_flavors)
+
+
+def jobs_running(ledger: Ledger) -> int:
+    """Agent jobs holding a reservation: admitted and not yet settled (grader jobs do not count)."""
+    return sum(1 for e in ledger.entries.values() if not e.platform and e.settled_micro_usd is None)
+
+
+def budget_micro_usd(spec: EpisodeSpec, ledger: Ledger) -> int:
+    """The ledger's budget once the operator has started the Episode; the spec's before that."""
+    return ledger.budget_micro_usd or usd_to_micro(spec.budget_usd)
+
+
+def remaining_micro_usd(spec: EpisodeSpec, ledger: Ledger) -> int:
+    """What new reservations may still take: the budget less what is reserved and settled."""
+    return max(0, budget_micro_usd(spec, ledger) - ledger.reserved_micro_usd - ledger.settled_micro_usd)
+
+
+def steps_left(status: EpisodeStatus, limits: Limits) -> int:
+    return max(0, limits.max_steps - status.steps)
+
+
+def seconds_left(status: EpisodeStatus, now: datetime) -> int | None:
+    """Whole seconds to the wall-time deadline; None until the operator has set one (at start)."""
+    deadline = parse_time(status.deadline)
+    if deadline is None:
+        return None
+    return max(0, math.ceil((deadline - now).total_seconds()))
+
+
+def has_ended(status: EpisodeStatus) -> bool:
+    return status.phase in ENDED_PHASES
+
+
+def token_hash(token: str) -> str:
+    """What an Episode stores of its agent's bearer token: the sha256, hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def stored_token_hash(body: Mapping[str, Any]) -> str | None:
+    """The hash a token is checked against: the operator's copy in status, else the creator's in spec.
+    Read from the raw body: the gateway runs this over every Episode of a namespace when it meets an
+    unknown token, so it must not parse whole ledgers."""
+    for part in ("status", "spec"):
+        stored = (body.get(part) or {}).get("agentTokenHash")
+        if isinstance(stored, str) and stored:
+            return stored
+    return None
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with second precision, as Kubernetes writes times."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | datetime | None) -> datetime | None:
+    """An RFC 3339 time (a trailing `Z` included) as an aware datetime; None for None or ""."""
+    if isinstance(value, datetime):
+        return value
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,219 @@
+"""Pure builders of what the pods backend creates: the episode namespace, its default-deny
+NetworkPolicy, and the hardened job pod. No I/O; unit-tested."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from posttrain_operator.backends.base import JobRequest, UnknownFlavor
+from posttrain_operator.backends.pods.config import PodsConfig
+from posttrain_operator.backends.pods.names import (
+    CONTAINER,
+    EPISODE_ANNOTATION,
+    EPISODE_LABEL,
+    JOB_LABEL,
+    JOB_UID,
+    KEY_ANNOTATION,
+    KEY_LABEL,
+    MANAGED_LABEL,
+    NETWORK_POLICY,
+    PREFIX_ANNOTATION,
+    SCRATCH_VOLUME,
+    SOURCE_NAMESPACE_LABEL,
+    STORE_RO_VOLUME,
+    STORE_RW_VOLUME,
+    episode_namespace,
+    label_value,
+    output_subpath,
+    pod_name,
+    repo_subpath,
+)
+
+
+def namespace_body(config: PodsConfig, name: str, namespace: str, episode: str) -> dict[str, Any]:
+    pss = "pod-security.kubernetes.io"
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {
+                MANAGED_LABEL: label_value(config.instance),
+                SOURCE_NAMESPACE_LABEL: label_value(namespace),
+                EPISODE_LABEL: label_value(episode),
+                f"{pss}/enforce": config.pod_security_level,
+                f"{pss}/enforce-version": "latest",
+                f"{pss}/warn": "restricted",
+                f"{pss}/audit": "restricted",
+            },
+            "annotations": {EPISODE_ANNOTATION: f"{namespace}/{episode}"},
+        },
+    }
+
+
+def network_policy_body(config: PodsConfig, namespace: str) -> dict[str, Any]:
+    # An empty podSelector selects every pod; both policy types with no rules allow nothing.
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": NETWORK_POLICY,
+            "namespace": namespace,
+            "labels": {MANAGED_LABEL: label_value(config.instance)},
+        },
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+    }
+
+
+def is_default_deny(policy: Mapping[str, Any]) -> bool:
+    spec = policy.get("spec") or {}
+    selector = spec.get("podSelector") or {}
+    return (
+        not selector.get("matchLabels")
+        and not selector.get("matchExpressions")
+        and {"Ingress", "Egress"} <= set(spec.get("policyTypes") or [])
+        and not spec.get("ingress")
+        and not spec.get("egress")
+    )
+
+
+def _read_only_source(source: Mapping[str, Any]) -> dict[str, Any]:
+    # Read-only at the source as well as at the mount, where the volume type has the field.
+    ((kind, spec),) = source.items()
+    spec = dict(spec)
+    if kind != "hostPath":
+        spec["readOnly"] = True
+    return {kind: spec}
+
+
+def store_mounts(request: JobRequest) -> list[dict[str, Any]]:
+    """Exactly what the request lists (jobspec decides what a job may see; this never widens it)."""
+    mounts = [
+        {
+            "name": STORE_RO_VOLUME,
+            "mountPath": repo.mount_path,
+            "subPath": repo_subpath(repo.kind, repo.repo_id, repo.revision),
+            "readOnly": True,
+        }
+        for repo in request.repos
+    ]
+    mounts += [
+        {
+            "name": STORE_RO_VOLUME,
+            "mountPath": m.mount_path,
+            "subPath": output_subpath(m.prefix),
+            "readOnly": True,
+        }
+        for m in request.inputs_from
+    ]
+    if request.outputs is not None:
+        out = request.outputs
+        mounts.append(
+            {
+                "name": STORE_RO_VOLUME if out.read_only else STORE_RW_VOLUME,
+                "mountPath": out.mount_path,
+                "subPath": output_subpath(out.prefix),
+                "readOnly": out.read_only,
+            }
+        )
+    return mounts
+
+
+def pod_labels(config: PodsConfig, request: JobRequest) -> dict[str, str]:
+    return {
+        MANAGED_LABEL: label_value(config.instance),
+        KEY_LABEL: label_value(request.key),
+        SOURCE_NAMESPACE_LABEL: label_value(request.namespace),
+        EPISODE_LABEL: label_value(request.episode),
+        JOB_LABEL: label_value(request.job_name),
+    }
+
+
+SECCOMP = {"type": "RuntimeDefault"}
+
+
+def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
+    flavor = config.flavors.get(request.flavor)
+    if flavor is None:
+        raise UnknownFlavor(request.flavor, list(config.flavors))
+    mounts = store_mounts(request)
+    used = {m["name"] for m in mounts}
+    volumes: list[dict[str, Any]] = [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": config.scratch_size}}]
+    if STORE_RO_VOLUME in used:
+        volumes.append({"name": STORE_RO_VOLUME, **_read_only_source(config.store_volume)})
+    if STORE_RW_VOLUME in used:
+        volumes.append({"name": STORE_RW_VOLUME, **dict(config.store_volume)})
+    resources = {"cpu": flavor.cpu, "memory": flavor.memory, "ephemeral-storage": config.scratch_size}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(request.key),
+            "namespace": episode_namespace(config.namespace_prefix, request.namespace, request.episode),
+            "labels": pod_labels(config, request),
+            "annotations": {
+                KEY_ANNOTATION: request.key,
+                EPISODE_ANNOTATION: f"{request.namespace}/{request.episode}",
+                PREFIX_ANNOTATION: request.outputs.prefix if request.outputs else "",
+            },
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "activeDeadlineSeconds": request.timeout_seconds,
+            "terminationGracePeriodSeconds": 5,  # the launcher forwards SIGTERM and kills the group
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "hostNetwork": False,
+            "hostPID": False,
+            "hostIPC": False,
+            # No fsGroup: the kubelet would chown the whole shared store on every pod start.
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": JOB_UID,
+                "runAsGroup": JOB_UID,
+                "seccompProfile": dict(SECCOMP),
+            },
+            "containers": [_container(config, request, resources, mounts)],
+            "volumes": volumes,
+        },
+    }
+
+
+def _resource_env(name: str, resource: str) -> dict[str, Any]:
+    """The container's own limit through the Downward API: bytes for memory, whole cores (rounded
+    up) for cpu."""
+    ref = {"containerName": CONTAINER, "resource": resource, "divisor": "1"}
+    return {"name": name, "valueFrom": {"resourceFieldRef": ref}}
+
+
+def _container(
+    config: PodsConfig, request: JobRequest, resources: dict[str, str], mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "name": CONTAINER,
+        "image": config.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "posttrain_launcher"],
+        # The agent's own script and packages, never a credential.
+        "env": [
+            {"name": "POSTTRAIN_JOB_SPEC", "value": json.dumps(request.launcher_spec, separators=(",", ":"))},
+            {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
+            # The flavor, as HF Jobs states it; the launcher derives its rlimits from it.
+            _resource_env("MEMORY", "limits.memory"),
+            _resource_env("CPU_CORES", "limits.cpu"),
+        ],
+        "resources": {"requests": resources, "limits": dict(resources)},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": JOB_UID,
+            "runAsGroup": JOB_UID,
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "seccompProfile": dict(SECCOMP),
+        },
+        "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": "/tmp"}, *mounts],
+    }

@@ -1,0 +1,62 @@
+"""A job pod's state as the backend protocol's `RemoteStatus`: pure, unit-tested."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from posttrain_operator.api.rules import parse_time
+from posttrain_operator.backends.base import RemoteStatus
+from posttrain_operator.backends.pods.names import CONTAINER
+
+
+def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
+    """Pod phase and the job container's state -> RemoteStatus. Billing starts when the container
+    runs, not when the pod is created (a pod may wait for a node or an image for a long time)."""
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    container: dict[str, Any] = next(
+        (c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER), {}
+    )
+    state = container.get("state") or {}
+    running, terminated, waiting = state.get("running"), state.get("terminated"), state.get("waiting")
+    started = parse_time((running or terminated or {}).get("startedAt"))
+    finished = parse_time((terminated or {}).get("finishedAt"))
+    if phase == "Pending":
+        reason, message = "", ""
+        if waiting:
+            reason, message = waiting.get("reason") or "", waiting.get("message") or ""
+        else:
+            for condition in status.get("conditions") or []:
+                if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                    reason, message = condition.get("reason") or "", condition.get("message") or ""
+        text = f"{reason}: {message}" if reason and message else reason or message
+        return RemoteStatus("pending", text, raw_stage=f"Pending/{reason}" if reason else "Pending")
+    if phase == "Running":
+        return RemoteStatus("running", "", started, None, "Running")
+    if phase in ("Succeeded", "Failed"):
+        if finished is None and started is not None:
+            # e.g. DeadlineExceeded before the kubelet recorded the container's end
+            times = [parse_time(c.get("lastTransitionTime")) for c in status.get("conditions") or []]
+            finished = max((t for t in times if t is not None), default=None)
+        code = (terminated or {}).get("exitCode")
+        exit_code = code if isinstance(code, int) else None
+        if phase == "Succeeded":
+            return RemoteStatus("succeeded", "", started, finished, "Succeeded", exit_code)
+        parts = []
+        if status.get("reason"):
+            parts.append(f"{status['reason']}: {status.get('message') or ''}".rstrip(": "))
+        if terminated:
+            why = terminated.get("reason") or "Error"
+            parts.append(f"container exited with code {terminated.get('exitCode')} ({why})")
+        raw = status.get("reason") or (terminated or {}).get("reason") or ""
+        return RemoteStatus(
+            "failed",
+            "; ".join(parts) or "pod failed",
+            started,
+            finished,
+            f"Failed/{raw}" if raw else "Failed",
+            exit_code,
+        )
+    # "Unknown": the node stopped reporting. The pod may still be running (and billing).
+    return RemoteStatus("running", "the pod's node is not reporting", started, None, phase)

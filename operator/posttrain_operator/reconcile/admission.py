@@ -1,0 +1,196 @@
+"""Admission: refuse what the episode or its task does not allow, reserve the job's worst case on the
+Episode's ledger (one compare-and-swap), adopt the job under its Episode, then hand it to submission.
+
+One pass over a new job reads it and its Episode, writes the ledger once, and writes the job's status
+twice (admitted with its idempotency key just before the backend call, then submitted). Every step is
+idempotent and resumable from the job's status alone: the ledger entry is keyed by job name, so a
+pass retried after a crash finds its own reservation and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from graders.tasks import Task, UnknownTaskError, get_task
+from posttrain_operator import ledger as ledger_math
+from posttrain_operator.api import conditions as cond
+from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
+from posttrain_operator.api.money import micro_to_usd
+from posttrain_operator.api.rules import allowed_flavors, jobs_running, limits_in_force
+from posttrain_operator.backends.base import BackendError, UnknownFlavor
+from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_against_task
+from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.jobs import Retry, admitting_phases, with_condition, write_job_status
+from posttrain_operator.reconcile.submission import Admission, resume_submission, submit_admitted
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a job is refused: a PascalCase reason clients match on, and a message for the agent."""
+
+    reason: str
+    message: str
+
+
+def decide_admission(
+    job: dict[str, Any], spec: AgentJobSpec, episode: dict[str, Any] | None
+) -> tuple[Task, EpisodeSpec, list[str]] | Rejection:
+    """Everything about a job that can be refused without the ledger."""
+    if episode is None:
+        return Rejection(cond.EPISODE_NOT_FOUND, f"episode {spec.episode!r} does not exist in this namespace")
+    ep_spec = EpisodeSpec.model_validate(episode["spec"])
+    ep_status = status_of(EpisodeStatus, episode.get("status"))
+    if spec.purpose == "score" and ep_status.scoring_job != job["metadata"]["name"]:
+        return Rejection(cond.INVALID_JOB, "score jobs are created only by the operator")
+    allowed_phases = admitting_phases(spec.purpose)
+    if ep_status.phase not in allowed_phases or episode["metadata"].get("deletionTimestamp"):
+        return Rejection(
+            cond.EPISODE_NOT_RUNNING,
+            f"episode {spec.episode!r} is {ep_status.phase or 'not started'}; no new jobs",
+        )
+    try:
+        task = get_task(ep_spec.task)
+    except UnknownTaskError as exc:
+        return Rejection(cond.INVALID_JOB, str(exc))
+    flavors = allowed_flavors(ep_spec, task)
+    max_timeout = limits_in_force(ep_spec, task).max_job_timeout_seconds
+    if spec.purpose == "score":
+        max_timeout = max(max_timeout, spec.timeout_seconds)
+    try:
+        validate_against_task(spec, task, flavors, max_timeout)
+    except InvalidJob as exc:
+        return Rejection(cond.INVALID_JOB, str(exc))
+    return task, ep_spec, flavors
+
+
+def reserve_in(
+    status: EpisodeStatus,
+    job: str,
+    amount: int,
+    *,
+    platform: bool,
+    max_concurrent: int,
+    allowed_phases: frozenset[str],
+) -> tuple[EpisodeStatus | None, Rejection | None]:
+    """The ledger side of admission, run inside the Episode compare-and-swap."""
+    if job in status.ledger.entries:
+        return None, None
+    if status.phase not in allowed_phases:
+        return None, Rejection(cond.EPISODE_NOT_RUNNING, f"episode is {status.phase}; no new jobs")
+    if not platform:
+        active = jobs_running(status.ledger)
+        if active >= max_concurrent:
+            return None, Rejection(
+                cond.TOO_MANY_JOBS,
+                f"{active} jobs are already running; the episode allows {max_concurrent} at once",
+            )
+    reservation = ledger_math.reserve(status.ledger, job, amount, platform=platform)
+    if not reservation.admitted:
+        return None, Rejection(cond.BUDGET_EXCEEDED, reservation.message)
+    return status.model_copy(update={"ledger": reservation.ledger}), None
+
+
+async def _reject(ctx: Context, job: dict[str, Any], status: AgentJobStatus, rejection: Rejection) -> None:
+    status = status.model_copy(
+        update={"phase": "Rejected", "reason": rejection.reason, "message": rejection.message}
+    )
+    status = with_condition(ctx, job, status, cond.ADMITTED, False, rejection.reason, rejection.message)
+    await write_job_status(ctx, job, status)
+    ctx.emit(job, "Warning", rejection.reason, rejection.message)
+
+
+async def reconcile_agentjob(
+    ctx: Context, namespace: str, name: str, *, observed: dict[str, Any] | None = None
+) -> None:
+    """Admit and submit a new job, or go on with a submission an earlier pass began. `observed` (the
+    job as the watch last saw it) is only a hint: a job it shows as new has its Episode read at the
+    same time as itself; every decision is taken on the fresh read."""
+    async with ctx.locks("agentjob", namespace, name):
+        job, episode = await _read(ctx, namespace, name, observed)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return
+        status = status_of(AgentJobStatus, job.get("status"))
+        if status.phase in (None, "Pending"):
+            admission = await _admit(ctx, job, status, episode)
+            if admission is not None:
+                await submit_admitted(ctx, job, admission)
+        elif status.phase == "Admitted":
+            await resume_submission(ctx, job, status)
+
+
+async def _read(
+    ctx: Context, namespace: str, name: str, observed: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The job, and (when it looks new) its Episode, read concurrently; None for the Episode when it
+    was not read (absent it is read again, so "not read" and "not found" need no telling apart)."""
+    hint = observed or {}
+    episode_name = (hint.get("spec") or {}).get("episode")
+    looks_new = (hint.get("status") or {}).get("phase") in (None, "Pending")
+    if not (looks_new and isinstance(episode_name, str)):
+        return await ctx.kube.get_agentjob(namespace, name), None
+    job, episode = await asyncio.gather(
+        ctx.kube.get_agentjob(namespace, name), ctx.kube.get_episode(namespace, episode_name)
+    )
+    return job, episode
+
+
+async def _admit(
+    ctx: Context, job: dict[str, Any], status: AgentJobStatus, episode: dict[str, Any] | None
+) -> Admission | None:
+    """Reserve on the ledger; None when the job is refused (and marked Rejected)."""
+    meta = job["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    try:
+        spec = AgentJobSpec.model_validate(job["spec"])
+    except ValidationError as exc:
+        await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, f"invalid spec: {exc}"))
+        return None
+    if episode is None or episode["metadata"]["name"] != spec.episode:
+        episode = await ctx.kube.get_episode(namespace, spec.episode)
+    decided = decide_admission(job, spec, episode)
+    if isinstance(decided, Rejection):
+        await _reject(ctx, job, status, decided)
+        return None
+    task, ep_spec, _ = decided
+    assert episode is not None
+    backend = ctx.backend(ep_spec.backend)
+    try:
+        price = await backend.price(spec.flavor)
+    except UnknownFlavor as exc:
+        await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, str(exc)))
+        return None
+    except BackendError as exc:
+        raise Retry(f"price lookup failed: {exc}") from exc
+    amount = ledger_math.reservation_for(price, spec.timeout_seconds)
+    platform = spec.purpose == "score"
+    max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
+    phases = admitting_phases(spec.purpose)
+
+    def reserve(_: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, Rejection | None]:
+        return reserve_in(
+            current, name, amount, platform=platform, max_concurrent=max_concurrent, allowed_phases=phases
+        )
+
+    update = await ctx.kube.update_episode_status(namespace, spec.episode, reserve, seen=episode)
+    if update.result is not None:
+        await _reject(ctx, job, status, update.result)
+        return None
+    reserved = 0 if platform else amount
+    message = f"reserved ${micro_to_usd(reserved)} at ${micro_to_usd(price)}/min for {spec.timeout_seconds}s"
+    status = status.model_copy(
+        update={
+            "phase": "Admitted",
+            "reason": None,
+            "message": message,
+            "backend": ep_spec.backend,
+            "idempotency_key": idempotency_key(meta["uid"]),
+            "reserved_micro_usd": reserved,
+            "reserved_usd": micro_to_usd(reserved),
+        }
+    )
+    status = with_condition(ctx, job, status, cond.ADMITTED, True, "Reserved", message)
+    return Admission(spec, task, episode, status, message)

@@ -1,0 +1,84 @@
+"""Cancellation: stop a job on its backend and finish it once the backend confirms; a cancellation the
+backend does not confirm leaves the job Orphaned, listed on its Episode, with its reservation held."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from posttrain_operator.api import conditions as cond
+from posttrain_operator.api.models import (
+    TERMINAL_JOB_PHASES,
+    AgentJobSpec,
+    AgentJobStatus,
+    EpisodeStatus,
+    status_of,
+)
+from posttrain_operator.backends.base import BackendError
+from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.finishing import finish_agentjob
+from posttrain_operator.reconcile.jobs import handle_of, write_job_status
+from posttrain_operator.reconcile.orphan_records import with_orphan
+
+
+async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, message: str) -> bool:
+    """Cancel a job on its backend. True when it is confirmed gone (or never existed there); an
+    unconfirmed cancel marks the job Orphaned and leaves its reservation in place."""
+    job = await ctx.kube.get_agentjob(namespace, name)
+    if job is None:
+        return True
+    status = status_of(AgentJobStatus, job.get("status"))
+    if status.phase in TERMINAL_JOB_PHASES:
+        return True
+    handle = handle_of(job, status)
+    backend = ctx.backend(status.backend) if status.backend else None
+    try:
+        if handle is None and backend is not None and status.idempotency_key:
+            handle = await backend.find(status.idempotency_key)
+        if handle is None or backend is None:
+            await finish_agentjob(ctx, namespace, name, "Cancelled", reason, message, None)
+            return True
+        confirmed = await backend.cancel(handle)
+        remote = (await backend.status_many([handle])).get(handle.backend_job_id) if confirmed else None
+    except BackendError as exc:
+        confirmed, remote = False, None
+        message = f"{message}; cancel failed: {exc}"
+    if confirmed:
+        await finish_agentjob(ctx, namespace, name, "Cancelled", reason, message, remote)
+        return True
+    assert handle is not None  # no handle means nothing to cancel, which counts as confirmed
+    if status.phase != "Orphaned":
+        orphan = status.model_copy(
+            update={
+                "phase": "Orphaned",
+                "reason": cond.CANCEL_UNCONFIRMED,
+                "message": f"the backend did not confirm cancelling {handle.backend_job_id}; retrying",
+                "backend_job_id": handle.backend_job_id,
+            }
+        )
+        await write_job_status(ctx, job, orphan)
+        ctx.emit(job, "Warning", cond.CANCEL_UNCONFIRMED, orphan.message or "")
+    spec = AgentJobSpec.model_validate(job["spec"])
+    backend_job_id = handle.backend_job_id
+
+    def add_orphan(episode: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, None]:
+        return with_orphan(ctx, episode, current, name, backend_job_id), None
+
+    with contextlib.suppress(LookupError):  # the episode is gone: nothing to block
+        await ctx.kube.update_episode_status(namespace, spec.episode, add_orphan)
+    return False
+
+
+async def cancel_all(
+    ctx: Context, body: dict[str, Any], reason: str, message: str, *, keep: str | None = None
+) -> bool:
+    """Cancel every non-terminal job of the episode; True when every cancellation is confirmed."""
+    meta = body["metadata"]
+    confirmed = True
+    for job in await ctx.kube.list_agentjobs(meta["namespace"], meta["name"]):
+        job_name = job["metadata"]["name"]
+        if job_name == keep or status_of(AgentJobStatus, job.get("status")).phase in TERMINAL_JOB_PHASES:
+            continue
+        async with ctx.locks("agentjob", meta["namespace"], job_name):
+            confirmed = await cancel_agentjob(ctx, meta["namespace"], job_name, reason, message) and confirmed
+    return confirmed

@@ -1,0 +1,147 @@
+"""Finishing: move a job to a terminal phase, settle its real cost on the Episode's ledger, list its
+artifacts, and read a grader job's result file (never its logs)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from decimal import Decimal
+from typing import Any
+
+from graders.result import GraderResult
+from graders.tasks import RESULT_FILE
+from posttrain_operator import ledger as ledger_math
+from posttrain_operator.api import conditions as cond
+from posttrain_operator.api.models import (
+    MAX_ARTIFACTS,
+    TERMINAL_JOB_PHASES,
+    AgentJobSpec,
+    AgentJobStatus,
+    Artifact,
+    EpisodeStatus,
+    GradeResult,
+    status_of,
+)
+from posttrain_operator.api.money import micro_to_usd
+from posttrain_operator.api.rules import format_time
+from posttrain_operator.backends.base import BackendError, RemoteStatus
+from posttrain_operator.jobspec import output_prefix
+from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.jobs import with_condition, write_job_status
+from posttrain_operator.reconcile.orphan_records import without_orphan
+
+log = logging.getLogger(__name__)
+
+
+def format_score(score: float) -> str:
+    """A decimal string with at most six decimals and no float noise: 1.0 -> '1', 0.955 -> '0.955'."""
+    text = format(Decimal(repr(round(score, 6))).normalize(), "f")
+    return text
+
+
+async def grade(ctx: Context, backend_name: str, prefix: str) -> GradeResult:
+    backend = ctx.backend(backend_name)
+    try:
+        raw = await backend.read_artifact(prefix, RESULT_FILE, ctx.settings.max_artifact_bytes)
+        result = GraderResult.model_validate(json.loads(raw))
+    except (FileNotFoundError, BackendError, ValueError) as exc:
+        return GradeResult(status="error", reason=f"no valid {RESULT_FILE}: {exc}"[:4096])
+    return GradeResult(
+        status=result.status,
+        score=format_score(result.score),
+        n=result.n,
+        reason=result.reason,
+        grader_version=result.grader_version,
+    )
+
+
+async def finish_agentjob(
+    ctx: Context,
+    namespace: str,
+    name: str,
+    phase: str,
+    reason: str,
+    message: str,
+    remote: RemoteStatus | None,
+) -> None:
+    """Move a job to a terminal phase: settle its cost on the Episode, then record it on the job."""
+    job = await ctx.kube.get_agentjob(namespace, name)
+    if job is None:
+        return
+    status = status_of(AgentJobStatus, job.get("status"))
+    if status.phase in TERMINAL_JOB_PHASES:
+        return
+    spec = AgentJobSpec.model_validate(job["spec"])
+    seconds = ledger_math.billed_seconds(remote.started_at, remote.finished_at) if remote else 0
+    cost = 0
+    if seconds and status.backend:
+        cost = ledger_math.cost_for(await ctx.backend(status.backend).price(spec.flavor), seconds)
+    charged = await _settle(ctx, namespace, spec.episode, name, cost)
+    if spec.purpose == "score":
+        charged = 0  # platform spend: never the agent's
+    update: dict[str, Any] = {
+        "phase": phase,
+        "reason": reason,
+        "message": message[:4096],
+        "reserved_micro_usd": 0,
+        "reserved_usd": "0.00",
+        "settled_micro_usd": charged,
+        "spent_usd": micro_to_usd(charged),
+        "billed_seconds": seconds,
+        **_seen_by_backend(ctx, remote),
+    }
+    if status.backend and status.backend_job_id and phase in ("Succeeded", "Failed"):
+        update |= await _outputs(ctx, status.backend, output_prefix(namespace, spec.episode, name), spec,
+                                 graded=phase == "Succeeded")  # fmt: skip
+    status = status.model_copy(update=update)
+    status = with_condition(ctx, job, status, cond.COMPLETE, phase == "Succeeded", reason, message)
+    await write_job_status(ctx, job, status)
+    ctx.emit(job, "Normal" if phase in ("Succeeded", "Cancelled") else "Warning", reason, message)
+
+
+async def _settle(ctx: Context, namespace: str, episode: str, name: str, cost: int) -> int:
+    """Release the job's reservation and charge `cost` (one compare-and-swap, which also takes the
+    job off the orphan list); returns what the agent was charged."""
+
+    def settle(body: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, int]:
+        new, charged = current, cost
+        if name in current.ledger.entries or cost:
+            ledger, charged, changed = ledger_math.settle(current.ledger, name, cost)
+            if changed:
+                new = new.model_copy(update={"ledger": ledger})
+        new = without_orphan(ctx, body, new, name) or new
+        return (None if new is current else new), charged
+
+    try:
+        return (await ctx.kube.update_episode_status(namespace, episode, settle)).result
+    except LookupError:
+        log.info("episode of %s/%s is gone; nothing to settle", namespace, name)
+        return cost
+
+
+def _seen_by_backend(ctx: Context, remote: RemoteStatus | None) -> dict[str, Any]:
+    if remote is None:
+        return {}
+    seen: dict[str, Any] = {
+        "backend_stage": remote.raw_stage or remote.stage,
+        "started_at": format_time(remote.started_at) if remote.started_at else None,
+        "finished_at": format_time(remote.finished_at or ctx.clock()),
+    }
+    if remote.exit_code is not None:
+        seen["exit_code"] = remote.exit_code
+    return seen
+
+
+async def _outputs(
+    ctx: Context, backend: str, prefix: str, spec: AgentJobSpec, *, graded: bool
+) -> dict[str, Any]:
+    """The job's artifacts, and a grader job's result when it succeeded."""
+    found: dict[str, Any] = {}
+    try:
+        listed = await ctx.backend(backend).artifacts(prefix)
+        found["artifacts"] = [Artifact(path=a.path, size=a.size) for a in listed[:MAX_ARTIFACTS]]
+    except BackendError as exc:
+        log.warning("listing artifacts under %s failed: %s", prefix, exc)
+    if graded and spec.purpose in ("devEval", "score"):
+        found["result"] = await grade(ctx, backend, prefix)
+    return found

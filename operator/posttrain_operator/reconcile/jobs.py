@@ -1,0 +1,72 @@
+"""What every AgentJob reconciler shares: the retry signal, the job's backend handle, and the one
+way its status is written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posttrain_operator.api.models import AgentJobStatus
+from posttrain_operator.api.rules import EPISODE_LABEL
+from posttrain_operator.backends.base import Handle
+from posttrain_operator.jobspec import output_prefix
+from posttrain_operator.reconcile.context import Context
+
+
+def admitting_phases(purpose: str) -> frozenset[str]:
+    """Episode phases in which a job may be admitted and submitted: the operator's score job is
+    admitted while the Episode is Scoring too; every other job only while it is Running."""
+    return frozenset({"Running", "Scoring"}) if purpose == "score" else frozenset({"Running"})
+
+
+class Retry(Exception):
+    """A transient failure: the handler should run again after `delay` seconds."""
+
+    def __init__(self, message: str, delay: float = 5.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+def handle_of(job: dict[str, Any], status: AgentJobStatus) -> Handle | None:
+    if not status.backend_job_id:
+        return None
+    spec = job["spec"]
+    return Handle(
+        status.backend_job_id,
+        output_prefix(job["metadata"]["namespace"], spec["episode"], job["metadata"]["name"]),
+    )
+
+
+async def write_job_status(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> None:
+    """One merge patch of the job's status; `job` is updated to what the API server wrote."""
+    meta = job["metadata"]
+    written = await ctx.kube.patch_agentjob_status(meta["namespace"], meta["name"], status)
+    job["status"] = written.get("status", {})
+
+
+async def adopt(ctx: Context, job: dict[str, Any], episode: dict[str, Any]) -> None:
+    """Owned by its Episode (deleting that garbage-collects the job, after our finalizer cancels it),
+    and labelled with it. Skipped when the job already names the Episode as an owner."""
+    meta = job["metadata"]
+    owners = meta.get("ownerReferences") or []
+    uid = episode["metadata"]["uid"]
+    if any(o.get("uid") == uid for o in owners):
+        return
+    owner = {
+        "apiVersion": episode["apiVersion"],
+        "kind": "Episode",
+        "name": episode["metadata"]["name"],
+        "uid": uid,
+        "blockOwnerDeletion": True,
+    }
+    patch = {"metadata": {"labels": {EPISODE_LABEL: owner["name"]}, "ownerReferences": [*owners, owner]}}
+    written = await ctx.kube.patch_agentjob(meta["namespace"], meta["name"], patch)
+    meta["ownerReferences"] = written["metadata"].get("ownerReferences")
+
+
+def with_condition(
+    ctx: Context, job: dict[str, Any], status: AgentJobStatus, type_: str, ok: bool, reason: str, message: str
+) -> AgentJobStatus:
+    conditions, _ = ctx.set_condition(job, status.conditions, type_, ok, reason, message)
+    return status.model_copy(
+        update={"conditions": conditions, "observed_generation": job["metadata"].get("generation")}
+    )

@@ -1,0 +1,377 @@
+"""The reconcilers end to end over an in-memory API server, backend and clock: admission and
+submission, the in-flight submission window, finishing and grading, the poller's deadline, orphans
+and their backoff, and compare-and-swap conflicts. Milliseconds each; the integration suite proves the
+same paths against the real API server and the HF emulator."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from posttrain_operator.api import conditions as cond
+from posttrain_operator.api.rules import format_time
+from posttrain_operator.backends.base import BackendError, RemoteStatus
+from posttrain_operator.config import OperatorSettings
+from posttrain_operator.k8s import Kube
+from posttrain_operator.reconcile.admission import reconcile_agentjob
+from posttrain_operator.reconcile.cancellation import cancel_agentjob
+from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.episode import reconcile_episode
+from posttrain_operator.reconcile.jobs import Retry
+from posttrain_operator.reconcile.orphans import collect_orphans
+from posttrain_operator.reconcile.poller import ActiveJobs, poll_once
+
+from tests.unit.operator.fakes import FakeBackend, FakeClock, FakeKubernetes
+
+NS = "ns"
+CPU_BASIC = 167  # micro-dollars a minute in the fake backend
+API_VERSION = "posttrain.dev/v1alpha1"
+
+
+@dataclass
+class World:
+    api: FakeKubernetes
+    backend: FakeBackend
+    clock: FakeClock
+    ctx: Context
+
+    def episode(self, name: str = "ep", **spec: Any) -> None:
+        body = {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "hf-jobs", "agentTokenHash": "0" * 64}
+        meta = {"name": name}
+        self.api.put("episodes", NS, {"apiVersion": API_VERSION, "kind": "Episode", "metadata": meta,
+                                      "spec": {**body, **spec}})  # fmt: skip
+
+    def job(self, name: str = "j1", episode: str = "ep", **spec: Any) -> None:
+        body = {"episode": episode, "purpose": "train", "script": "print(1)", "flavor": "cpu-basic",
+                "timeoutSeconds": 600}  # fmt: skip
+        meta = {"name": name}
+        self.api.put("agentjobs", NS, {"apiVersion": API_VERSION, "kind": "AgentJob", "metadata": meta,
+                                       "spec": {**body, **spec}})  # fmt: skip
+
+    def status(self, plural: str, name: str) -> dict[str, Any]:
+        status: dict[str, Any] = self.api.obj(plural, NS, name).get("status") or {}
+        return status
+
+    def ledger(self, episode: str = "ep") -> dict[str, Any]:
+        ledger: dict[str, Any] = self.status("episodes", episode)["ledger"]
+        return ledger
+
+    def watched(self) -> ActiveJobs:
+        """What the AgentJob watch would have told the poller by now."""
+        active = ActiveJobs()
+        for (plural, _, _), obj in sorted(self.api.objects.items()):
+            if plural == "agentjobs":
+                active.observe(obj)
+        return active
+
+
+@pytest.fixture
+def world() -> World:
+    api, backend, clock = FakeKubernetes(), FakeBackend(), FakeClock()
+    settings = OperatorSettings(
+        hf_http_timeout_seconds=30, orphan_retry_initial_seconds=5, orphan_retry_max_seconds=60,
+        job_deadline_grace_seconds=60,
+    )  # fmt: skip
+    ctx = Context(kube=Kube(api, api, api), backends={"hf-jobs": backend}, settings=settings, clock=clock)
+    return World(api, backend, clock, ctx)
+
+
+async def started(world: World, **spec: Any) -> World:
+    world.episode(**spec)
+    await reconcile_episode(world.ctx, NS, "ep")
+    assert world.status("episodes", "ep")["phase"] == "Running"
+    return world
+
+
+async def test_a_new_job_is_admitted_and_submitted_in_one_pass_with_two_status_writes(world: World) -> None:
+    await started(world)
+    world.job()
+    world.api.reset_calls()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+
+    status = world.status("agentjobs", "j1")
+    job_id = world.backend.only_job()
+    assert status["phase"] == "Running" and status["backendJobId"] == job_id
+    assert status["idempotencyKey"] == world.backend.jobs[job_id].request.key
+    assert status["submitStartedAt"] == format_time(world.clock())
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Admitted": "True", "Submitted": "True"}
+    reserved = CPU_BASIC * 10  # ten minutes of timeout
+    assert status["reservedMicroUSD"] == reserved
+    assert world.ledger()["entries"] == {"j1": {"reservedMicroUSD": reserved, "platform": False}}
+    assert world.ledger()["reservedMicroUSD"] == reserved
+    # Read the job and its Episode, write the ledger once, adopt the job, write its status twice.
+    assert world.api.calls == {
+        "get_namespaced_custom_object": 2,
+        "replace_namespaced_custom_object_status": 1,
+        "patch_namespaced_custom_object": 1,
+        "patch_namespaced_custom_object_status": 2,
+    }
+    assert world.backend.stats.calls == {"price": 1, "submit": 1}  # a new key needs no lookup
+    owners = world.api.obj("agentjobs", NS, "j1")["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"]) for o in owners] == [("Episode", "ep")]
+
+
+async def test_an_adopted_job_is_not_patched_again(world: World) -> None:
+    await started(world)
+    uid = world.api.obj("episodes", NS, "ep")["metadata"]["uid"]
+    world.job()
+    world.api.objects[("agentjobs", NS, "j1")]["metadata"]["ownerReferences"] = [
+        {"apiVersion": API_VERSION, "kind": "Episode", "name": "ep", "uid": uid}
+    ]
+    world.api.reset_calls()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    assert world.status("agentjobs", "j1")["phase"] == "Running"
+    assert "patch_namespaced_custom_object" not in world.api.calls
+
+
+@pytest.mark.parametrize(
+    ("episode_spec", "job_spec", "reason"),
+    [
+        ({"budgetUSD": "0.001"}, {}, cond.BUDGET_EXCEEDED),
+        ({}, {"flavor": "a100-large"}, cond.INVALID_JOB),
+        ({}, {"episode": "nowhere"}, cond.EPISODE_NOT_FOUND),
+        ({}, {"timeoutSeconds": 86400}, cond.INVALID_JOB),
+    ],
+    ids=["over-budget", "flavor-not-allowed", "no-such-episode", "timeout-over-the-limit"],
+)
+async def test_a_refused_job_is_rejected_with_one_write_and_no_reservation(
+    world: World, episode_spec: dict[str, Any], job_spec: dict[str, Any], reason: str
+) -> None:
+    await started(world, **episode_spec)
+    world.job(**job_spec)
+    world.api.reset_calls()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+
+    status = world.status("agentjobs", "j1")
+    assert (status["phase"], status["reason"]) == ("Rejected", reason)
+    assert (status["reservedMicroUSD"], status["settledMicroUSD"]) == (0, 0)  # the whole status, always
+    assert world.ledger()["entries"] == {} and world.ledger()["reservedMicroUSD"] == 0
+    assert world.api.calls["patch_namespaced_custom_object_status"] == 1
+    assert "replace_namespaced_custom_object_status" not in world.api.calls
+    assert "submit" not in world.backend.stats.calls
+
+
+async def test_jobs_beyond_the_concurrency_limit_are_rejected(world: World) -> None:
+    await started(world, limits={"maxConcurrentJobs": 1})
+    world.job("j1")
+    world.job("j2")
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    await reconcile_agentjob(world.ctx, NS, "j2")
+    assert world.status("agentjobs", "j1")["phase"] == "Running"
+    assert world.status("agentjobs", "j2")["reason"] == cond.TOO_MANY_JOBS
+    assert list(world.ledger()["entries"]) == ["j1"]
+
+
+async def test_a_ledger_write_that_loses_a_race_is_retried_from_a_fresh_read(world: World) -> None:
+    await started(world)
+    world.job()
+    world.api.conflicts["replace_namespaced_custom_object_status"] = 3
+    world.api.reset_calls()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+
+    assert world.status("agentjobs", "j1")["phase"] == "Running"
+    assert list(world.ledger()["entries"]) == ["j1"]
+    assert world.api.calls["replace_namespaced_custom_object_status"] == 4
+    # The first attempt used the Episode admission had read; each retry read it again.
+    assert world.api.calls["get_namespaced_custom_object"] == 2 + 3
+
+
+async def test_a_stale_episode_copy_costs_one_retry_and_never_a_lost_update(world: World) -> None:
+    await started(world)
+    world.job()
+    # Another writer (the gateway counting a step) changes the Episode after admission read it.
+    original = world.api.get_namespaced_custom_object
+    bumped: list[str] = []
+
+    async def read_then_bump(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        body = await original(*args, **kwargs)
+        if args[3] == "episodes" and not bumped:
+            bumped.append(body["metadata"]["resourceVersion"])
+            await world.api.patch_namespaced_custom_object_status(*args, {"status": {"steps": 7}})
+        return body
+
+    world.api.get_namespaced_custom_object = read_then_bump  # type: ignore[method-assign]
+    world.api.reset_calls()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    episode = world.status("episodes", "ep")
+    assert episode["steps"] == 7 and list(episode["ledger"]["entries"]) == ["j1"]
+    assert world.api.calls["replace_namespaced_custom_object_status"] == 2
+
+
+async def test_a_submission_in_flight_is_waited_out_then_never_repeated(world: World) -> None:
+    await started(world)
+    world.job()
+    world.backend.fail_submit = BackendError("read timed out", transient=True)
+    with pytest.raises(Retry):
+        await reconcile_agentjob(world.ctx, NS, "j1")
+    status = world.status("agentjobs", "j1")
+    assert status["phase"] == "Admitted" and status["submitStartedAt"] == format_time(world.clock())
+
+    # The request may still reach the backend: later passes look it up every few seconds, and send
+    # nothing until the window has closed.
+    world.backend.fail_submit = None
+    settings = world.ctx.settings
+    window, recheck = settings.submission_window_seconds, settings.submission_recheck_seconds
+    waited = 0.0
+    while waited < window:
+        with pytest.raises(Retry) as waiting:
+            await reconcile_agentjob(world.ctx, NS, "j1")
+        assert waiting.value.delay == pytest.approx(min(recheck, window - waited))
+        assert world.backend.stats.calls["submit"] == 1 and world.backend.jobs == {}
+        world.clock.advance(waiting.value.delay)
+        waited += waiting.value.delay
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    assert world.status("agentjobs", "j1")["phase"] == "Running"
+    assert world.backend.stats.calls["submit"] == 2 and len(world.backend.jobs) == 1
+
+
+async def test_a_job_the_backend_took_before_the_operator_died_is_found_not_resubmitted(world: World) -> None:
+    await started(world)
+    world.job()
+    original = world.backend.submit
+
+    async def accepted_then_lost(request: Any) -> Any:
+        await original(request)
+        raise BackendError("connection reset", transient=True)
+
+    world.backend.submit = accepted_then_lost  # type: ignore[method-assign]
+    with pytest.raises(Retry):
+        await reconcile_agentjob(world.ctx, NS, "j1")
+    await reconcile_agentjob(world.ctx, NS, "j1")
+
+    job_id = world.backend.only_job()
+    assert world.status("agentjobs", "j1")["backendJobId"] == job_id
+    assert world.backend.stats.calls["submit"] == 1 and world.backend.stats.calls["find"] == 1
+
+
+async def test_a_permanent_submission_failure_fails_the_job_and_frees_its_budget(world: World) -> None:
+    await started(world)
+    world.job()
+    world.backend.fail_submit = BackendError("flavor retired", transient=False)
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    status = world.status("agentjobs", "j1")
+    assert (status["phase"], status["reason"]) == ("Failed", cond.SUBMISSION_FAILED)
+    assert world.ledger()["reservedMicroUSD"] == 0 and world.ledger()["settledMicroUSD"] == 0
+
+
+async def test_a_finished_job_is_settled_at_its_billed_minutes(world: World) -> None:
+    await started(world)
+    world.job()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    job_id = world.backend.only_job()
+    begun = world.clock() + timedelta(seconds=5)
+    world.backend.set_stage(job_id, RemoteStatus("running", started_at=begun, raw_stage="RUNNING"))
+    await poll_once(world.ctx, world.watched())
+    status = world.status("agentjobs", "j1")
+    assert status["backendStage"] == "RUNNING" and status["startedAt"] == format_time(begun)
+    assert status["reservedMicroUSD"] == CPU_BASIC * 10  # the poller wrote only what it saw
+
+    world.backend.artifact_files["ns/ep/j1"] = {"answer.json": b"{}"}
+    ended = begun + timedelta(seconds=61)
+    world.backend.set_stage(job_id, RemoteStatus("succeeded", "", begun, ended, "COMPLETED", exit_code=0))
+    await poll_once(world.ctx, world.watched())
+
+    status = world.status("agentjobs", "j1")
+    assert (status["phase"], status["billedSeconds"], status["exitCode"]) == ("Succeeded", 61, 0)
+    assert status["settledMicroUSD"] == 2 * CPU_BASIC and status["reservedMicroUSD"] == 0
+    assert status["artifacts"] == [{"path": "answer.json", "size": 2}]
+    ledger = world.ledger()
+    assert (ledger["reservedMicroUSD"], ledger["settledMicroUSD"]) == (0, 2 * CPU_BASIC)
+
+
+async def test_a_dev_evaluation_reads_its_score_from_the_result_file(world: World) -> None:
+    await started(world)
+    world.job("ev", purpose="devEval", script="", checkpointFrom="j0")
+    await reconcile_agentjob(world.ctx, NS, "ev")
+    job_id = world.backend.only_job()
+    result = {"status": "ok", "score": 0.955, "n": 200, "grader_version": "1"}
+    world.backend.artifact_files["ns/ep/ev"] = {"result.json": json.dumps(result).encode()}
+    world.backend.set_stage(job_id, RemoteStatus("succeeded", "", world.clock(), world.clock(), "COMPLETED"))
+    await poll_once(world.ctx, world.watched())
+    assert world.status("agentjobs", "ev")["result"] == {
+        "status": "ok", "score": "0.955", "n": 200, "graderVersion": "1"
+    }  # fmt: skip
+
+
+async def test_the_poller_cancels_a_job_past_its_timeout_and_grace(world: World) -> None:
+    await started(world)
+    world.job()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    job_id = world.backend.only_job()
+    begun = world.clock()
+    world.backend.set_stage(job_id, RemoteStatus("running", started_at=begun, raw_stage="RUNNING"))
+    world.clock.advance(600 + 60)  # timeout and grace, not past them
+    await poll_once(world.ctx, world.watched())
+    assert world.status("agentjobs", "j1")["phase"] == "Running"
+
+    world.clock.advance(1)
+    await poll_once(world.ctx, world.watched())
+    status = world.status("agentjobs", "j1")
+    assert (status["phase"], status["reason"]) == ("Cancelled", cond.DEADLINE_EXCEEDED)
+    assert "exitCode" not in status  # the backend reported none
+    assert world.backend.jobs[job_id].status.stage == "cancelled"
+    assert world.ledger()["reservedMicroUSD"] == 0
+
+
+async def test_an_unconfirmed_cancellation_is_retried_with_backoff_until_confirmed(world: World) -> None:
+    await started(world)
+    world.job()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    world.backend.confirm_cancel = False
+
+    assert not await cancel_agentjob(world.ctx, NS, "j1", cond.EPISODE_ENDED, "test")
+    assert world.status("agentjobs", "j1")["phase"] == "Orphaned"
+    (orphan,) = world.status("episodes", "ep")["orphanedJobs"]
+    assert orphan["attempts"] == 1
+    assert orphan["nextAttemptAt"] == format_time(world.clock() + timedelta(seconds=5))
+    assert world.ledger()["reservedMicroUSD"] == CPU_BASIC * 10  # it may still bill
+
+    cancels = world.backend.stats.calls["cancel"]
+    await collect_orphans(world.ctx, NS, "ep")  # not due yet
+    assert world.backend.stats.calls["cancel"] == cancels
+
+    world.clock.advance(5)
+    await collect_orphans(world.ctx, NS, "ep")
+    (orphan,) = world.status("episodes", "ep")["orphanedJobs"]
+    assert orphan["attempts"] == 2
+    assert orphan["nextAttemptAt"] == format_time(world.clock() + timedelta(seconds=10))
+    assert world.backend.stats.calls["cancel"] == cancels + 1
+
+    world.backend.confirm_cancel = True
+    world.clock.advance(10)
+    await collect_orphans(world.ctx, NS, "ep")
+    episode = world.status("episodes", "ep")
+    assert episode["orphanedJobs"] == []
+    orphaned = next(c for c in episode["conditions"] if c["type"] == cond.ORPHANED)
+    assert orphaned["status"] == "False"
+    assert world.status("agentjobs", "j1")["phase"] == "Cancelled"
+    assert world.ledger()["reservedMicroUSD"] == 0
+
+
+async def test_an_episode_start_writes_its_status_once(world: World) -> None:
+    world.episode()
+    world.api.reset_calls()
+    await reconcile_episode(world.ctx, NS, "ep")
+    status = world.status("episodes", "ep")
+    assert status["phase"] == "Running" and status["ledger"]["budgetMicroUSD"] == 1_000_000
+    assert status["deadline"] == format_time(world.clock() + timedelta(seconds=1200))
+    assert world.api.calls["replace_namespaced_custom_object_status"] == 1
+    assert world.api.calls["get_namespaced_custom_object"] == 1  # the write reuses the pass's read
+
+
+async def test_the_watch_copy_only_hints_and_a_stale_one_submits_nothing(world: World) -> None:
+    await started(world)
+    world.job()
+    as_created = world.api.obj("agentjobs", NS, "j1")
+    world.api.reset_calls()
+    await reconcile_agentjob(world.ctx, NS, "j1", observed=as_created)
+    assert world.status("agentjobs", "j1")["phase"] == "Running"
+    assert world.api.calls["get_namespaced_custom_object"] == 2  # the job and its Episode, together
+
+    # kopf retries with the copy it had: the fresh read shows the job Running, so nothing happens.
+    world.api.reset_calls()
+    await reconcile_agentjob(world.ctx, NS, "j1", observed=as_created)
+    assert world.backend.stats.calls["submit"] == 1 and world.api.writes() == 0
