@@ -26,7 +26,7 @@ from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.isolation import python_binds
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets.datasets import write_dataset_repo
-from graders.registry import get_task
+from graders.tasks import get_task
 from tests.integration.launcher.conftest import fill
 
 from .test_jobs_api import IMAGE, host_pids_with, sleeper, wait_for_processes, wait_terminal
