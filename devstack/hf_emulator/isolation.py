@@ -24,7 +24,7 @@ from devstack.hf_emulator.jail import Bind, JailSpec
 log = logging.getLogger(__name__)
 
 JAIL_SCRIPT = str(Path(__file__).with_name("jail.py"))
-JOB_UID = 10000
+JOB_UID = 10000  # the launcher drops to this uid; a job's writable dirs must belong to it
 # What the launcher image adds to its Python besides the libraries (launcher_image/Dockerfile).
 IMAGE_PACKAGES = ("posttrain_launcher", "graders")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")

@@ -35,12 +35,11 @@ from typing import IO, Any
 
 from devstack.hf_emulator.cgroups import JobCgroup
 from devstack.hf_emulator.hardware import FLAVORS
-from devstack.hf_emulator.isolation import JAIL_SCRIPT, Isolation, JobLimits
+from devstack.hf_emulator.isolation import JAIL_SCRIPT, JOB_UID, Isolation, JobLimits
 from devstack.hf_emulator.repos import RepoNotFound, RepoStore
 from devstack.hf_emulator.trees import UnsafeTree, check_publishable, copy_regular_file, make_read_only
 from devstack.hf_emulator.validation import JobSpec, VolumeSpec
 
-JOB_UID = 10000  # the launcher drops to this uid; its writable dirs must belong to it
 TERMINAL_STAGES = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
 MAX_LOG_LINES = 200_000
 KILL_GRACE_SECONDS = 3.0
