@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -183,6 +184,12 @@ async def wait_all_running(api: client.ApiClient, namespace: str, total: int) ->
         await asyncio.sleep(2)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def requests_per_minute(emulator: Any, window: float) -> float:
     emulator.reset_stats()
     time.sleep(window)
@@ -342,7 +349,10 @@ async def run(args: argparse.Namespace) -> None:
         burst_seconds = time.perf_counter() - started
         active = args.episodes * args.jobs
         await wait_all_running(stack.api, stack.namespace, active)
+        pid = stack.operator.proc.pid if stack.operator.proc else 0
+        cpu_before = cpu_seconds(pid)
         many_rpm = requests_per_minute(stack.emulator, args.window)
+        idle_cpu = (cpu_seconds(pid) - cpu_before) / args.window
         many_lists = list_requests(stack.emulator)
         # New jobs arriving at 5/s while every earlier job is still active: the admission latency a
         # user sees on a busy operator.
@@ -368,6 +378,7 @@ async def run(args: argparse.Namespace) -> None:
         f"{many_lists[0]} ({many_lists[1]}) with {active}",
         f"polling cost ratio  {many_rpm / few_rpm:8.2f} for {active // 10}x the jobs (pages of {PAGE})",
         f"operator RSS        {rss:8.1f} MiB",
+        f"operator CPU        {idle_cpu * 100:8.1f}% of a core with {active} jobs active and nothing to do",
         f"API calls/admission {admissions.per_job:8.1f} (mean of {len(windows)} jobs created one at a time)",
         *(f"    {count / len(windows):5.1f}  {call}" for call, count in sorted(admissions.by_call.items())),
         "after the create, p50 (same jobs): "

@@ -1,8 +1,9 @@
 """Admission: refuse what the episode or its task does not allow, reserve the job's worst case on the
-Episode's ledger (one compare-and-swap), adopt the job under its Episode, then hand it to submission.
+Episode's ledger (one compare-and-swap), then hand the job to submission.
 
-One pass over a new job reads it and its Episode, writes the ledger once, and writes the job's status
-twice (admitted with its idempotency key just before the backend call, then submitted). Every step is
+One pass over a new job reads it and its Episode (together), writes the ledger once, and writes the
+job's status twice (admitted with its idempotency key just before the backend call, while the job is
+adopted under its Episode; then submitted). Every step is
 idempotent and resumable from the job's status alone: the ledger entry is keyed by job name, so a
 pass retried after a crash finds its own reservation and changes nothing.
 """
