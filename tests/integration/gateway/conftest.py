@@ -40,6 +40,10 @@ class GatewayServer:
         return {"Authorization": f"Bearer {self.orchestrator_token}"}
 
 
+RESET_START_WAIT_SECONDS = 120
+REPLY_TIMEOUT_SECONDS = RESET_START_WAIT_SECONDS + 60  # a reset's reply comes after its wait
+
+
 @pytest.fixture(scope="session")
 def gateway_sa_token(
     cluster: devcluster.ClusterState, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
@@ -95,7 +99,7 @@ def _settings(
         broker_token_file=str(token_file),
         kubeconfig=str(cluster.kubeconfig),
         # The most a loaded machine may take for the operator to start an episode or admit a job.
-        reset_start_wait_seconds=120,
+        reset_start_wait_seconds=RESET_START_WAIT_SECONDS,
         submit_admission_wait_seconds=20,
     )
 
@@ -131,7 +135,7 @@ class Orchestrator:
 
     async def send(self, message: dict[str, Any]) -> dict[str, Any]:
         await self.conn.send(json.dumps(message))
-        reply: dict[str, Any] = json.loads(await asyncio.wait_for(self.conn.recv(), 60))
+        reply: dict[str, Any] = json.loads(await asyncio.wait_for(self.conn.recv(), REPLY_TIMEOUT_SECONDS))
         return reply
 
     async def reset(self, **kwargs: Any) -> dict[str, Any]:
