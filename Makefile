@@ -107,6 +107,12 @@ cluster-up: venv binaries ## Start the local control plane (etcd, kube-apiserver
 cluster-down: venv ## Stop the local control plane and remove its state
 	$(PY) -m devstack cluster down
 
+##@ Images and the kind e2e cluster
+
+.PHONY: docker-host
+docker-host: ## Install and start Docker (Debian's docker.io), plus the runc wrapper on kernels without CAP_SYS_RESOURCE
+	bash devstack/host/docker-setup.sh
+
 .PHONY: help
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
