@@ -113,6 +113,20 @@ cluster-down: venv ## Stop the local control plane and remove its state
 docker-host: ## Install and start Docker (Debian's docker.io), plus the runc wrapper on kernels without CAP_SYS_RESOURCE
 	bash devstack/host/docker-setup.sh
 
+.PHONY: images
+images: venv docker-host ## Build the operator+gateway and launcher images (tags from the lock and sources; warm: no-op)
+	$(PY) -m devstack images
+
+.PHONY: node-image
+node-image: venv binaries docker-host ## The kind node image: kindest/node where pullable, else built from Debian packages
+	$(PY) -m devstack node-image
+
+.PHONY: e2e
+e2e: venv binaries docker-host ## kind cluster, images loaded, chart installed (--wait), helm test, tests/e2e, cluster deleted
+	$(PY) -m devstack node-image
+	$(PY) -m devstack images operator
+	$(PY) -m pytest tests/e2e -v
+
 .PHONY: help
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
