@@ -61,7 +61,7 @@ preflight: venv
 
 .PHONY: test
 test: venv binaries preflight ## Everything this machine can run: unit, integration (real control plane), e2e
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests/unit tests/integration
 
 .PHONY: test-unit
 test-unit: venv ## Pure-logic tests only, no cluster
