@@ -231,7 +231,6 @@ def build_node_image() -> str:
             "images",
             "import",
             "--no-unpack",
-            "--label=io.cri-containerd.pinned=pinned",
             "-",
             input_path=archive,
         )
