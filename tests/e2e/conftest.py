@@ -52,11 +52,11 @@ GATEWAY_DEPLOYMENT = f"{FULLNAME}-gateway"
 GATEWAY_SERVICE = f"{FULLNAME}-gateway"
 
 
-def say(config: pytest.Config, line: str) -> None:
+def say(config: pytest.Config, text: str) -> None:
     """Print past pytest's capture: what `make e2e` must show (nodes, pods, helm test, reward)."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print(text, flush=True)
 
 
 @dataclass
