@@ -197,7 +197,9 @@ def e2e_values(image: str, emulator_url: str, pull_policy: str) -> dict[str, Any
             "tokenSecret": {"name": "hf-token", "key": "token"},
             "namespace": HF_NAMESPACE,
             "endpoint": emulator_url,
+            "bucket": BUCKET,
         },
+        "gateway": {"orchestratorTokenSecret": {"name": "orchestrator", "key": "token"}},
     }
 
 
@@ -209,7 +211,7 @@ def release(
     cluster = e2e_cluster
     cluster.kubectl("create", "namespace", NAMESPACE)
     orchestrator_token = secrets.token_urlsafe(24)
-    for name, value in (("hf-token", HF_TOKEN), (f"{FULLNAME}-orchestrator-token", orchestrator_token)):
+    for name, value in (("hf-token", HF_TOKEN), ("orchestrator", orchestrator_token)):
         cluster.kubectl("-n", NAMESPACE, "create", "secret", "generic", name, f"--from-literal=token={value}")
     values = Path(tempfile.mkdtemp(prefix="e2e-values-")) / "values.yaml"
     pull_policy = "Never" if cluster.is_kind else "IfNotPresent"
