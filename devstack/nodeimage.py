@@ -140,6 +140,10 @@ def component_archive() -> Path:
             )
         )
         oci.write_archive(out, images)
+    # Archives of older recipes are never used again.
+    for stale in out.parent.glob("components-*.tar"):
+        if stale != out:
+            stale.unlink()
     log(f"component images written: {out.name}")
     return out
 
@@ -186,66 +190,39 @@ def build_node_image() -> str:
             shutil.copy2(source, context / "bin" / source.name)
         log(f"docker build {stage}")
         _docker(
-            "build",
-            "--quiet",
-            "--build-arg",
-            f"BASE={node_base}",
-            "-f",
-            str(NODE_DIR / "Dockerfile"),
-            "-t",
-            stage,
-            str(context),
-        )
+            "build", "--quiet", "--build-arg", f"BASE={node_base}", "-f", str(NODE_DIR / "Dockerfile"),
+            "-t", stage, str(context),
+        )  # fmt: skip
     # Import the component images into the node's containerd: run it once in a throw-away
     # container of the image, then commit the container as the node image.
     container = _docker(
-        "run",
-        "-d",
-        "--entrypoint=sleep",
-        "--tmpfs",
-        "/run",
-        "--tmpfs",
-        "/tmp",
-        "--security-opt",
-        "seccomp=unconfined",
-        stage,
-        "infinity",
-    )
+        "run", "-d", "--entrypoint=sleep", "--tmpfs", "/run", "--tmpfs", "/tmp",
+        "--security-opt", "seccomp=unconfined", stage, "infinity",
+    )  # fmt: skip
     try:
         _docker("exec", container, "bash", "-c", "nohup containerd >/tmp/containerd.log 2>&1 &")
         _docker(
-            "exec",
-            container,
-            "bash",
-            "-c",
+            "exec", container, "bash", "-c",
             "for i in $(seq 60); do ctr version >/dev/null 2>&1 && exit 0; sleep 1; done; "
             "cat /tmp/containerd.log; exit 1",
-        )
+        )  # fmt: skip
         log("importing component images into the node's containerd")
         _docker(
-            "exec",
-            "-i",
-            container,
-            "ctr",
-            "--namespace=k8s.io",
-            "images",
-            "import",
-            "--no-unpack",
-            "-",
+            "exec", "-i", container, "ctr", "--namespace=k8s.io", "images", "import", "--no-unpack", "-",
             input_path=archive,
-        )
-        listed = _docker("exec", container, "ctr", "--namespace=k8s.io", "images", "list", "-q")
-        log("images in the node: " + ", ".join(sorted(listed.split())))
-        _docker("exec", container, "pkill", "-x", "containerd")
+        )  # fmt: skip
+        listed = _docker("exec", container, "ctr", "--namespace=k8s.io", "images", "list", "-q").split()
+        log("images in the node: " + ", ".join(sorted(n for n in listed if not n.startswith("sha256:"))))
+        # Stop containerd and wait for it, so its database is committed at rest.
         _docker(
-            "commit",
-            "--change",
-            'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]',
-            "--change",
-            "CMD []",
-            container,
-            tag,
-        )
+            "exec", container, "bash", "-c",
+            "pkill -x containerd; for i in $(seq 100); do pgrep -x containerd >/dev/null || exit 0; "
+            "sleep 0.2; done; exit 1",
+        )  # fmt: skip
+        _docker(
+            "commit", "--change", 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]',
+            "--change", "CMD []", container, tag,
+        )  # fmt: skip
     finally:
         subprocess.run(["docker", "rm", "-f", "-v", container], capture_output=True)
         subprocess.run(["docker", "rmi", stage], capture_output=True)

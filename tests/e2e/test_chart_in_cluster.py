@@ -33,6 +33,9 @@ from tests.helpers import wait_for
 sys.path.insert(0, str(REPO / "examples"))
 import scripted_sft_agent
 
+# The first test also sets up the session: a kind cluster, the images loaded, `helm install --wait`.
+pytestmark = pytest.mark.timeout(1800)
+
 
 def test_deployments_ready_with_probes(release: Release) -> None:
     for name, component in ((OPERATOR_DEPLOYMENT, "operator"), (GATEWAY_DEPLOYMENT, "gateway")):
