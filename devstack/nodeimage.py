@@ -156,9 +156,8 @@ def _docker(*args: str, input_path: Path | None = None) -> str:
         if stdin:
             stdin.close()
     if proc.returncode != 0:
-        raise BuildError(
-            f"docker {' '.join(args[:3])} failed: {proc.stderr.decode(errors='replace')[-3000:]}"
-        )
+        output = (proc.stdout + proc.stderr).decode(errors="replace")
+        raise BuildError(f"docker {' '.join(args[:3])} failed: {output[-3000:]}")
     return proc.stdout.decode(errors="replace").strip()
 
 
@@ -216,8 +215,9 @@ def build_node_image() -> str:
         # Stop containerd and wait for it, so its database is committed at rest.
         _docker(
             "exec", container, "bash", "-c",
-            "pkill -x containerd; for i in $(seq 100); do pgrep -x containerd >/dev/null || exit 0; "
-            "sleep 0.2; done; exit 1",
+            # (`sleep` is PID 1 here and reaps nothing: a zombie containerd has stopped.)
+            "pkill -x containerd; for i in $(seq 150); do ps -C containerd -o stat= | grep -qv '^Z' "
+            "|| exit 0; sleep 0.2; done; echo containerd did not stop; exit 1",
         )  # fmt: skip
         _docker(
             "commit", "--change", 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]',
