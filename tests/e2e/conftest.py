@@ -234,10 +234,13 @@ def release(
     try:
         yield Release(cluster, NAMESPACE, orchestrator_token, operator_image, install_seconds)
     finally:
-        cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
-        cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
-        values.parent.joinpath("values.yaml").unlink(missing_ok=True)
+        values.unlink(missing_ok=True)
         values.parent.rmdir()
+        if os.environ.get("E2E_KEEP_CLUSTER") == "1":
+            say(request.config, f"\nkept: release {RELEASE} in {NAMESPACE}, KUBECONFIG={cluster.kubeconfig}")
+        else:
+            cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+            cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
 @contextlib.contextmanager
