@@ -60,8 +60,8 @@ preflight: venv
 	$(PY) -m devstack.preflight
 
 .PHONY: test
-test: venv binaries preflight ## Everything this machine can run: unit, integration (real control plane), e2e
-	$(PY) -m pytest tests/unit tests/integration
+test: venv binaries preflight e2e-images ## Everything this machine can run: unit, integration (real control plane), e2e (kind)
+	$(PY) -m pytest tests
 
 .PHONY: test-unit
 test-unit: venv ## Pure-logic tests only, no cluster
@@ -121,10 +121,14 @@ images: venv docker-host ## Build the operator+gateway and launcher images (tags
 node-image: venv binaries docker-host ## The kind node image: kindest/node where pullable, else built from Debian packages
 	$(PY) -m devstack node-image
 
-.PHONY: e2e
-e2e: venv binaries docker-host ## kind cluster, images loaded, chart installed (--wait), helm test, tests/e2e, cluster deleted
+# Cold builds happen here, with progress on the terminal, not inside the test session's fixtures.
+.PHONY: e2e-images
+e2e-images: venv binaries docker-host ## The kind node image and the operator image the e2e suite uses
 	$(PY) -m devstack node-image
 	$(PY) -m devstack images operator
+
+.PHONY: e2e
+e2e: e2e-images ## kind cluster, images loaded, chart installed (--wait), helm test, tests/e2e, cluster deleted
 	$(PY) -m pytest tests/e2e -v
 
 .PHONY: help
