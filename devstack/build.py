@@ -232,8 +232,8 @@ def ensure_binaries() -> Path:
     missing = missing_binaries(out)
     if not missing:
         return out
-    if shutil.which("go") is None and any(n in missing for n in (*KUBE_COMMANDS, "etcd")):
-        raise BuildError("Go is needed for a cold build of the control plane but is not on PATH")
+    if any(n in missing for n in (*KUBE_COMMANDS, "etcd")):
+        _require_go("the control plane")
     log(f"building {', '.join(missing)} into {out}")
     started = time.monotonic()
     # Build into a staging dir, then move, so an interrupted build never leaves a half binary.
@@ -245,10 +245,7 @@ def ensure_binaries() -> Path:
         build_kubernetes(staging)
     if "kubectl" in missing or "helm" in missing:
         fetch_kubectl_and_helm(staging)
-    out.mkdir(parents=True, exist_ok=True)
-    for binary in staging.iterdir():
-        binary.replace(out / binary.name)
-    staging.rmdir()
+    _publish(staging, out)
     still_missing = missing_binaries(out)
     if still_missing:
         raise BuildError(f"build finished but these are missing: {still_missing}")
