@@ -113,6 +113,19 @@ def image_exists(tag: str) -> bool:
     return subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
 
 
+def remove_other_tags(repository: str, keep: str) -> None:
+    """Drop the images of older recipes of `repository`: each tag is a key, so they are never reused."""
+    listed = subprocess.run(
+        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", repository],
+        capture_output=True,
+        text=True,
+    )
+    stale = [tag for tag in listed.stdout.split() if tag != keep and not tag.endswith(":<none>")]
+    if stale:
+        subprocess.run(["docker", "rmi", *stale], capture_output=True)
+        log(f"removed older images: {', '.join(stale)}")
+
+
 def docker_import(tarball: Path, tag: str, changes: Sequence[str] = ()) -> str:
     if image_exists(tag):
         return tag

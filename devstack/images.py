@@ -107,6 +107,7 @@ def build(image: ProjectImage, base: str) -> str:
     if proc.returncode != 0:
         raise BuildError(f"docker build {tag} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
     log(f"built {tag} in {int(time.monotonic() - started)}s ({image_size_mb(tag)} MB)")
+    debian.remove_other_tags(image.repository, keep=tag)
     return tag
 
 

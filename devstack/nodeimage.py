@@ -227,4 +227,5 @@ def build_node_image() -> str:
         subprocess.run(["docker", "rm", "-f", "-v", container], capture_output=True)
         subprocess.run(["docker", "rmi", stage], capture_output=True)
     log(f"node image {tag} built in {int(time.monotonic() - started)}s")
+    debian.remove_other_tags(REPOSITORY, keep=tag)
     return tag
