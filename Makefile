@@ -129,7 +129,7 @@ e2e-images: venv binaries docker-host ## The kind node image and the operator im
 
 .PHONY: e2e
 e2e: e2e-images ## kind cluster, images loaded, chart installed (--wait), helm test, tests/e2e, cluster deleted
-	$(PY) -m pytest tests/e2e -v
+	$(PY) -m pytest tests/e2e -v --durations=5
 
 .PHONY: help
 help: ## Show this help
