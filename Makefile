@@ -60,7 +60,7 @@ preflight: venv
 	$(PY) -m devstack.preflight
 
 .PHONY: test
-test: venv binaries preflight ## Everything this machine can run: unit, integration (real control plane), e2e
+test: venv binaries preflight e2e-images ## Everything this machine can run: unit, integration (real control plane), e2e (kind)
 	$(PY) -m pytest tests
 
 .PHONY: test-unit
@@ -106,6 +106,30 @@ cluster-up: venv binaries ## Start the local control plane (etcd, kube-apiserver
 .PHONY: cluster-down
 cluster-down: venv ## Stop the local control plane and remove its state
 	$(PY) -m devstack cluster down
+
+##@ Images and the kind e2e cluster
+
+.PHONY: docker-host
+docker-host: ## Install and start Docker (Debian's docker.io), plus the runc wrapper on kernels without CAP_SYS_RESOURCE
+	bash devstack/host/docker-setup.sh
+
+.PHONY: images
+images: venv docker-host ## Build the operator+gateway and launcher images (tags from the lock and sources; warm: no-op)
+	$(PY) -m devstack images
+
+.PHONY: node-image
+node-image: venv binaries docker-host ## The kind node image: kindest/node where pullable, else built from Debian packages
+	$(PY) -m devstack node-image
+
+# Cold builds happen here, with progress on the terminal, not inside the test session's fixtures.
+.PHONY: e2e-images
+e2e-images: venv binaries docker-host ## The kind node image and the operator image the e2e suite uses
+	$(PY) -m devstack node-image
+	$(PY) -m devstack images operator
+
+.PHONY: e2e
+e2e: e2e-images ## kind cluster, images loaded, chart installed (--wait), helm test, tests/e2e, cluster deleted
+	$(PY) -m pytest tests/e2e -v --durations=5
 
 .PHONY: help
 help: ## Show this help

@@ -1,4 +1,5 @@
-"""`python -m devstack build | cluster up|down|status|env | stack up|down|status | token NS SA OUT`."""
+"""`python -m devstack build | cluster up|down|status|env | stack up|down|status | token NS SA OUT
+| images [NAME...] | node-image`."""
 
 from __future__ import annotations
 
@@ -35,11 +36,28 @@ def main(argv: list[str] | None = None) -> int:
     tok.add_argument("service_account")
     tok.add_argument("output", type=Path)
     tok.add_argument("--name", default="default")
+    img = sub.add_parser("images", help="build (or find up to date) the project's images; prints their tags")
+    img.add_argument("names", nargs="*", metavar="NAME", help="operator, launcher (default: both)")
+    sub.add_parser("node-image", help="the kind node image: official where pullable, else built here")
     args = parser.parse_args(argv)
 
     try:
         if args.command == "build":
             print(ensure_binaries())
+        elif args.command == "images":
+            from devstack import images
+
+            unknown = set(args.names) - set(images.IMAGES)
+            if unknown:
+                parser.error(f"unknown image {sorted(unknown)}; choose from {sorted(images.IMAGES)}")
+            base = images.choose_base()
+            for name in args.names or list(images.IMAGES):
+                tag = images.build(images.IMAGES[name], base)
+                print(f"{name:10} {tag}  {images.image_size_mb(tag)} MB")
+        elif args.command == "node-image":
+            from devstack import kind
+
+            print(kind.node_image())
         elif args.command == "stack":
             if args.action == "up":
                 running_stack = stack.up()

@@ -25,15 +25,31 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from devstack.paths import (
+    COREDNS_VERSION,
     ETCD_VERSION,
+    KIND_VERSION,
+    KUBE_ROUTER_VERSION,
     KUBECTL_LAYER_PACKAGE,
     KUBERNETES_VERSION,
+    PAUSE_VERSION,
     bin_dir,
     cache_root,
+    node_bin_dir,
+    tool_dir,
 )
 
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager")
 ALL_BINARIES = (*KUBE_COMMANDS, "etcd", "kubectl", "helm")
+# What a kind node runs besides the control plane above. kubectl at exactly this version too: kind
+# runs it on the node, and the chart's `helm test` Pod runs registry.k8s.io/kubectl:<version>.
+NODE_COMMANDS = ("kubelet", "kubeadm", "kube-scheduler", "kube-proxy", "kubectl")
+# Go-built tools: name -> (package to build, version).
+GO_TOOLS = {
+    "kind": ("sigs.k8s.io/kind", KIND_VERSION),
+    "coredns": ("github.com/coredns/coredns", COREDNS_VERSION),
+    "kube-router": ("github.com/cloudnativelabs/kube-router/v2/cmd/kube-router", KUBE_ROUTER_VERSION),
+}
+PAUSE_SOURCE = Path(__file__).resolve().parent / "node" / "pause.go"
 
 
 class BuildError(RuntimeError):
@@ -130,10 +146,10 @@ def _version_ldflags(version: str) -> str:
     return " ".join(flags)
 
 
-def build_kubernetes(out: Path) -> None:
+def _build_kubernetes_commands(commands: Sequence[str], out: Path, workdir: Path) -> None:
+    """Compile `k8s.io/kubernetes/cmd/<command>` for each command, static, version-stamped."""
     version = KUBERNETES_VERSION
     staging_version = "v0." + version.lstrip("v").split(".", 1)[1]
-    workdir = cache_root() / "build" / f"k8s-{version}"
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "go.mod").write_text("module local/k8s-build\n\ngo 1.24.0\n\ngodebug default=go1.24\n")
     modules = _staging_modules(version, workdir)
@@ -142,10 +158,10 @@ def build_kubernetes(out: Path) -> None:
         f"module local/k8s-build\n\ngo 1.24.0\n\ngodebug default=go1.24\n\n{replaces}"
     )
     log(f"kubernetes {version}: {len(modules)} staging modules replaced with {staging_version}")
-    tools = [f"k8s.io/kubernetes/cmd/{cmd}@{version}" for cmd in KUBE_COMMANDS]
+    tools = [f"k8s.io/kubernetes/cmd/{cmd}@{version}" for cmd in commands]
     _run_go(["get", "-tool", *tools], workdir, "resolve kubernetes modules")
     _run_go(["mod", "tidy"], workdir, "go mod tidy (kubernetes)")
-    log("compiling kube-apiserver and kube-controller-manager (cold: 15-30 min on 2 cores)")
+    log(f"compiling {', '.join(commands)} (cold: many minutes on 2 cores)")
     _run_go(
         [
             "build",
@@ -155,11 +171,16 @@ def build_kubernetes(out: Path) -> None:
             _version_ldflags(version),
             "-o",
             str(out) + "/",
-            *[f"k8s.io/kubernetes/cmd/{cmd}" for cmd in KUBE_COMMANDS],
+            *[f"k8s.io/kubernetes/cmd/{cmd}" for cmd in commands],
         ],
         workdir,
-        "compile kubernetes",
+        f"compile {', '.join(commands)}",
     )
+
+
+def build_kubernetes(out: Path) -> None:
+    workdir = cache_root() / "build" / f"k8s-{KUBERNETES_VERSION}"
+    _build_kubernetes_commands(KUBE_COMMANDS, out, workdir)
 
 
 def build_etcd(out: Path) -> None:
@@ -211,8 +232,8 @@ def ensure_binaries() -> Path:
     missing = missing_binaries(out)
     if not missing:
         return out
-    if shutil.which("go") is None and any(n in missing for n in (*KUBE_COMMANDS, "etcd")):
-        raise BuildError("Go is needed for a cold build of the control plane but is not on PATH")
+    if any(n in missing for n in (*KUBE_COMMANDS, "etcd")):
+        _require_go("the control plane")
     log(f"building {', '.join(missing)} into {out}")
     started = time.monotonic()
     # Build into a staging dir, then move, so an interrupted build never leaves a half binary.
@@ -224,10 +245,7 @@ def ensure_binaries() -> Path:
         build_kubernetes(staging)
     if "kubectl" in missing or "helm" in missing:
         fetch_kubectl_and_helm(staging)
-    out.mkdir(parents=True, exist_ok=True)
-    for binary in staging.iterdir():
-        binary.replace(out / binary.name)
-    staging.rmdir()
+    _publish(staging, out)
     still_missing = missing_binaries(out)
     if still_missing:
         raise BuildError(f"build finished but these are missing: {still_missing}")
@@ -236,3 +254,88 @@ def ensure_binaries() -> Path:
         raise BuildError(f"kube-apiserver reports {version.stdout.strip()!r}, want {KUBERNETES_VERSION}")
     log(f"binaries ready in {int(time.monotonic() - started)}s: {out}")
     return out
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Move a finished build into place, so an interrupted one never leaves half a binary."""
+    out.mkdir(parents=True, exist_ok=True)
+    for binary in staging.iterdir():
+        binary.replace(out / binary.name)
+    staging.rmdir()
+
+
+def _require_go(what: str) -> None:
+    if shutil.which("go") is None:
+        raise BuildError(f"Go is needed for a cold build of {what} but is not on PATH")
+
+
+def ensure_node_binaries() -> Path:
+    """kubelet, kubeadm, kube-scheduler, kube-proxy, kubectl at KUBERNETES_VERSION, built once."""
+    out = node_bin_dir()
+    missing = [name for name in NODE_COMMANDS if not os.access(out / name, os.X_OK)]
+    if not missing:
+        return out
+    _require_go(", ".join(missing))
+    started = time.monotonic()
+    staging = out.with_name(out.name + ".partial")
+    staging.mkdir(parents=True, exist_ok=True)
+    # Its own wrapper module (the control plane's may be building at the same time); the Go build
+    # cache is shared, so the packages both need compile once.
+    _build_kubernetes_commands(missing, staging, cache_root() / "build" / f"k8s-node-{KUBERNETES_VERSION}")
+    _publish(staging, out)
+    version = subprocess.run([str(out / "kubeadm"), "version", "-o", "short"], capture_output=True, text=True)
+    if version.stdout.strip() != KUBERNETES_VERSION:
+        raise BuildError(f"kubeadm reports {version.stdout.strip()!r}, want {KUBERNETES_VERSION}")
+    log(f"node binaries ready in {int(time.monotonic() - started)}s: {out}")
+    return out
+
+
+def ensure_go_tool(name: str) -> Path:
+    """Path of a Go-built tool (kind, coredns, kube-router, pause), built once per version."""
+    if name == "pause":
+        return _ensure_pause()
+    package, version = GO_TOOLS[name]
+    out = tool_dir(name, version)
+    binary = out / name
+    if os.access(binary, os.X_OK):
+        return binary
+    _require_go(name)
+    module = package.split("/cmd/")[0]
+    workdir = cache_root() / "build" / f"{name}-{version}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    # A wrapper module, so the tool's dependencies resolve exactly as its own go.mod says.
+    (workdir / "go.mod").write_text(f"module local/{name}-build\n\ngo 1.24.0\n")
+    _run_go(["get", "-tool", f"{package}@{version}"], workdir, f"resolve {name}")
+    _run_go(["mod", "tidy"], workdir, f"go mod tidy ({name})")
+    staging = out.with_name(out.name + ".partial")
+    staging.mkdir(parents=True, exist_ok=True)
+    log(f"compiling {name} {version}")
+    _run_go(
+        ["build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging / name), package],
+        workdir,
+        f"compile {name} ({module}@{version})",
+    )
+    _publish(staging, out)
+    return binary
+
+
+def _ensure_pause() -> Path:
+    """The pod sandbox's pause process, from the project's own source (see node/pause.go)."""
+    out = tool_dir("pause", PAUSE_VERSION)
+    binary = out / "pause"
+    if os.access(binary, os.X_OK):
+        return binary
+    _require_go("pause")
+    workdir = cache_root() / "build" / f"pause-{PAUSE_VERSION}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "go.mod").write_text("module local/pause\n\ngo 1.24.0\n")
+    shutil.copyfile(PAUSE_SOURCE, workdir / "main.go")
+    staging = out.with_name(out.name + ".partial")
+    staging.mkdir(parents=True, exist_ok=True)
+    _run_go(
+        ["build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging / "pause"), "."],
+        workdir,
+        "compile pause",
+    )
+    _publish(staging, out)
+    return binary

