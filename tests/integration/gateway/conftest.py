@@ -23,6 +23,7 @@ from devstack import cluster as devcluster
 from env_gateway.config import GatewaySettings
 from env_gateway.main import create_app
 from tests.conftest import Kubectl
+from tests.helpers import wait_for
 from tests.integration.conftest import BROKER_NAMESPACE, OperatorProcess
 
 
@@ -76,12 +77,14 @@ def serve(settings: GatewaySettings) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()
-    for _ in range(400):
-        if server.started:
-            break
+
+    def started() -> bool:
         if not thread.is_alive():
             raise RuntimeError("the gateway failed to start")
-        threading.Event().wait(0.025)
+        return bool(server.started)
+
+    # A state, not a count of polls: a loaded machine can take many seconds to start uvicorn.
+    wait_for(started, timeout=180, interval=0.05, what="the gateway to listen")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
