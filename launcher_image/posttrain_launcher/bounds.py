@@ -43,7 +43,7 @@ class BoundsError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Bounds:
     processes: int  # RLIMIT_NPROC of the job's uid (threads included)
-    memory_bytes: int  # RLIMIT_AS of each job process
+    memory_bytes: int  # RLIMIT_DATA of each job process
 
 
 def parse_memory(text: str) -> int:

@@ -79,8 +79,10 @@ def _fd_ceiling() -> int:
 def set_rlimits(max_file_bytes: int, max_open_files: int, max_processes: int, max_memory_bytes: int) -> None:
     """Each file the job writes is capped (EFBIG: Python ignores SIGXFSZ); no core dumps; the job's
     uid may run `max_processes` processes and threads (per user namespace: on a shared host without
-    one, that count is shared by every job of uid 10000); each process maps at most
-    `max_memory_bytes` (RLIMIT_AS; the backend's memory cgroup bounds the job as a whole).
+    one, that count is shared by every job of uid 10000); each process allocates at most
+    `max_memory_bytes` (RLIMIT_DATA: heap and private writable mappings; the backend's memory
+    cgroup bounds the job as a whole). Not RLIMIT_AS: the address space torch's libraries reserve
+    alone passes 3 GiB, so a bound on it would stop `import torch` on a small flavor.
 
     Raises SandboxError unless every limit is in place and no higher than asked.
     """
@@ -89,7 +91,7 @@ def set_rlimits(max_file_bytes: int, max_open_files: int, max_processes: int, ma
         resource.RLIMIT_FSIZE: max_file_bytes,
         resource.RLIMIT_NOFILE: max_open_files,
         resource.RLIMIT_NPROC: max_processes,
-        resource.RLIMIT_AS: max_memory_bytes,
+        resource.RLIMIT_DATA: max_memory_bytes,
     }
     for which, value in limits.items():
         _, hard = resource.getrlimit(which)

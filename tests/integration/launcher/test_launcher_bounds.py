@@ -14,7 +14,7 @@ pytestmark = requires_root
 WRITE_RESULT = "json.dump(r, open(os.path.join(os.environ['POSTTRAIN_OUTPUT_DIR'], 'result.json'), 'w'))\n"
 RLIMITS = (
     "import json, os, resource\n"
-    "r = {name: resource.getrlimit(getattr(resource, name)) for name in ('RLIMIT_NPROC', 'RLIMIT_AS')}\n"
+    "r = {name: resource.getrlimit(getattr(resource, name)) for name in ('RLIMIT_NPROC', 'RLIMIT_DATA')}\n"
     + WRITE_RESULT
 )
 
@@ -24,14 +24,23 @@ def test_the_flavor_sets_the_process_and_memory_limits(launch: Launch) -> None:
     assert job.returncode == 0, job.stderr
     assert job.result() == {
         "RLIMIT_NPROC": [2 * PROCESSES_PER_CPU] * 2,
-        "RLIMIT_AS": [16 << 30] * 2,
+        "RLIMIT_DATA": [16 << 30] * 2,
     }
 
 
 def test_the_spec_lowers_them(launch: Launch) -> None:
     job = launch(RLIMITS, limits=Limits(max_processes=64, max_memory_bytes=1 << 30))
     assert job.returncode == 0, job.stderr
-    assert job.result() == {"RLIMIT_NPROC": [64, 64], "RLIMIT_AS": [1 << 30, 1 << 30]}
+    assert job.result() == {"RLIMIT_NPROC": [64, 64], "RLIMIT_DATA": [1 << 30, 1 << 30]}
+
+
+def test_torch_works_under_the_smallest_pod_flavor(launch: Launch) -> None:
+    """The memory bound is on what a process allocates, not its address space: torch's libraries
+    alone reserve more than 2 GiB of it."""
+    script = "import torch, transformers\nprint(float((torch.ones(64, 64) @ torch.ones(64, 64)).sum()))\n"
+    job = launch(script, flavor={"MEMORY": "2Gi", "CPU_CORES": "1"})
+    assert job.returncode == 0, job.stderr
+    assert job.stdout.strip() == str(64.0**3)
 
 
 def test_without_a_flavor_the_launcher_refuses_before_any_job_code(launch: Launch, job_root: Path) -> None:
