@@ -61,7 +61,12 @@ preflight: venv
 
 .PHONY: test
 test: venv binaries preflight e2e-images ## Everything this machine can run: unit, integration (real control plane), e2e (kind)
-	$(PY) -m pytest tests
+	@# Two sessions: the kind cluster lives as long as its pytest session, and must not load the
+	@# machine while the integration tests (CPU-bound training among them) run. Both always run.
+	@status=0; \
+	$(PY) -m pytest tests/unit tests/integration || status=1; \
+	$(PY) -m pytest tests/e2e || status=1; \
+	exit $$status
 
 .PHONY: test-unit
 test-unit: venv ## Pure-logic tests only, no cluster
