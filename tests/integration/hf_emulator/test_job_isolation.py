@@ -110,7 +110,7 @@ def test_a_lingering_process_is_gone_before_the_next_job_and_cannot_touch_a_scor
     emu: HfEmulator, data_dir: Path
 ) -> None:
     marker = f"lingering-{uuid.uuid4().hex}"
-    agent = submit(emu, job_script("lingering_daemon.py", MARKER=marker))
+    agent = submit(emu, job_script("lingering_daemon.py", MARKER=marker, END="exit"))
     stage, message, logs = finish(emu, agent)
     assert stage == "COMPLETED", (message, logs)
     assert "daemon left behind" in logs  # the daemon did run
@@ -142,6 +142,27 @@ def test_a_lingering_process_is_gone_before_the_next_job_and_cannot_touch_a_scor
         "artifact/2",
     )
     assert "no answer.json" in result["reason"]
+
+
+@pytest.mark.parametrize(
+    ("end", "timeout", "want_message"),
+    [
+        ("fail", 300, "Job failed with exit code: 3"),
+        # Long enough for the daemon to start first on a loaded machine; the logs show it did.
+        ("hang", 60, "timeout: the job exceeded its timeout of 60s"),
+    ],
+    ids=["failure", "timeout"],
+)
+def test_a_lingering_process_is_gone_when_its_job_fails_or_times_out(
+    emu: HfEmulator, end: str, timeout: int, want_message: str
+) -> None:
+    marker = f"lingering-{uuid.uuid4().hex}"
+    agent = submit(emu, job_script("lingering_daemon.py", MARKER=marker, END=end), timeout=timeout)
+    stage, message, logs = finish(emu, agent, timeout=timeout + 240)
+    assert (stage, message) == ("ERROR", want_message), logs
+    assert "daemon left behind" in logs
+    assert host_pids_with(marker) == set()  # confirmed gone when the stage turned terminal
+    assert emu.job_pids(agent) == set()
 
 
 @pytest.fixture
