@@ -27,6 +27,7 @@ from devstack.hf_emulator.isolation import python_binds
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets.datasets import write_dataset_repo
 from graders.tasks import get_task
+from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB
 from tests.integration.launcher.conftest import fill
 
 from .test_jobs_api import IMAGE, host_pids_with, sleeper, wait_for_processes, wait_terminal
@@ -235,19 +236,6 @@ def test_a_job_cannot_read_trace_or_signal_a_sibling_nor_reach_a_host_socket(
     assert host_pids_with(victim_marker) == set()
 
 
-FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-MEMORY_BOMB = (
-    "import os\n"
-    "for _ in range(4):\n"
-    "    if os.fork() == 0:\n"
-    "        hoard = []\n"
-    "        while True:\n"
-    "            hoard.append(b'\\x01' * (8 << 20))\n"
-    "            if len(hoard) >= 40:\n"
-    "                break\n"
-    "        os.kill(os.getpid(), 19)  # SIGSTOP: hold the memory until the cgroup runs out\n"
-    "os.wait()\n"
-)
 SIBLING = (
     "import json, os\n"
     "total = 0\n"
