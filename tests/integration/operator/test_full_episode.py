@@ -9,7 +9,6 @@ import pytest
 
 from devstack.hf_emulator import HfEmulator
 from tests.conftest import Kubectl
-from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB, NESTED_ANSWER
 from tests.integration.conftest import (
     REPO,
     OperatorProcess,
@@ -19,6 +18,7 @@ from tests.integration.conftest import (
     get,
     wait_phase,
 )
+from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB, NESTED_ANSWER
 
 # The example solution the scripted agent submits.
 ARTIFACT_SCRIPT = (REPO / "examples" / "t0_artifact_solution.py").read_text()

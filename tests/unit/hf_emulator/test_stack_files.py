@@ -71,7 +71,9 @@ def test_a_link_planted_where_the_data_directory_goes_is_refused(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user owns needs root")
-def test_a_data_directory_another_user_made_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_data_directory_another_user_made_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DEVSTACK_RUN_DIR", str(tmp_path / "run"))
     path = stack._data_dir()
     os.chown(path, os.getuid() + 1, -1)
