@@ -166,6 +166,22 @@ def test_a_lingering_process_is_gone_when_its_job_fails_or_times_out(
     assert emu.job_pids(agent) == set()
 
 
+def hold_a_hidden_split(emu: HfEmulator, data_dir: Path, marker: str, env: dict[str, str]) -> tuple[str, str]:
+    """A running job with a split holding `marker` mounted and `env` in its environment: (its id,
+    the marker on its child's command line, once that child runs)."""
+    register_dataset(emu, data_dir, "org/hidden", [{"key": marker, "expected": 1}])
+    process_marker = f"holder-{uuid.uuid4().hex}"
+    job = submit(
+        emu,
+        sleeper(process_marker),
+        inputs={"split": "/inputs/split"},
+        volumes=[Volume(type="dataset", source="org/hidden", mount_path="/inputs/split", revision="main")],
+        env=env,
+    )
+    wait_for_processes(process_marker)
+    return job, process_marker
+
+
 @pytest.fixture
 def abstract_socket() -> Iterator[tuple[str, socket.socket]]:
     """A listening abstract unix socket in the host's network namespace."""
@@ -184,16 +200,7 @@ def test_a_job_cannot_read_trace_or_signal_a_sibling_nor_reach_a_host_socket(
 ) -> None:
     secret_value = f"victim-value-{uuid.uuid4().hex}"
     split_marker = f"hidden-split-{uuid.uuid4().hex}"
-    register_dataset(emu, data_dir, "org/hidden", [{"key": split_marker, "expected": 1}])
-    victim_marker = f"victim-{uuid.uuid4().hex}"
-    victim = submit(
-        emu,
-        sleeper(victim_marker),
-        inputs={"split": "/inputs/split"},
-        volumes=[Volume(type="dataset", source="org/hidden", mount_path="/inputs/split", revision="main")],
-        env={"VICTIM_VALUE": secret_value},
-    )
-    wait_for_processes(victim_marker)
+    victim, victim_marker = hold_a_hidden_split(emu, data_dir, split_marker, {"VICTIM_VALUE": secret_value})
     victim_pids = emu.job_pids(victim)
     assert host_pids_with(victim_marker) <= victim_pids  # the pids handed to the attacker are real
 
@@ -330,18 +337,9 @@ def test_a_job_scanning_proc_and_the_file_system_finds_only_its_own_inputs(
 ) -> None:
     hidden_marker, cache = leaked_on_the_host
     own_marker = f"own-marker-{uuid.uuid4().hex}"
-    register_dataset(emu, data_dir, "org/hidden", [{"key": hidden_marker, "expected": 1}])
     register_dataset(emu, data_dir, "org/own", [{"key": own_marker, "expected": 1}])
     # Another job holds the hidden split mounted while the scan runs.
-    holder_marker = f"holder-{uuid.uuid4().hex}"
-    holder = submit(
-        emu,
-        sleeper(holder_marker),
-        inputs={"split": "/inputs/split"},
-        volumes=[Volume(type="dataset", source="org/hidden", mount_path="/inputs/split", revision="main")],
-        env={"HOLDER_TOKEN_COPY": token},
-    )
-    wait_for_processes(holder_marker)
+    holder, _ = hold_a_hidden_split(emu, data_dir, hidden_marker, {"HOLDER_TOKEN_COPY": token})
     # The controls: all of these are readable on the host right now.
     assert hidden_marker in (cache / "data.jsonl").read_text()
     assert hidden_marker in (emu.job_root(holder) / "inputs" / "split" / "data.jsonl").read_text()
