@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import secrets
+import stat
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -27,6 +28,9 @@ from devstack import cluster
 from devstack.build import log
 from devstack.hf_emulator.repos import remove_tree
 from devstack.paths import run_root
+
+if TYPE_CHECKING:
+    from graders.assets import LocalRepo
 
 REPO = Path(__file__).resolve().parents[1]
 HF_NAMESPACE = "posttrain-dev"
@@ -63,7 +67,11 @@ def _data_dir() -> Path:
     """
     key = hashlib.sha256(str(run_root().resolve()).encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"posttrain-devstack-{os.getuid()}-{key}"
-    path.mkdir(exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+    # The name is predictable and the temporary directory shared: use only a real directory of ours.
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise cluster.ClusterError(f"{path} exists and is not a directory of uid {os.getuid()}; remove it")
     path.chmod(0o711)
     return path
 
@@ -78,6 +86,15 @@ def _emulator_token() -> tuple[str, Path]:
     with os.fdopen(fd, "w") as fh:
         fh.write(token)
     return token, path
+
+
+def emulator_argv(port: int, data_dir: Path, token_file: Path, assets: list[LocalRepo]) -> list[str]:
+    """The emulator's command line: its token is named by file, never given (/proc shows argv)."""
+    repos = [f"--repo={a.ref.kind}:{a.ref.repo_id}@{a.ref.revision}={a.path}" for a in assets]
+    return [
+        sys.executable, "-m", "devstack.hf_emulator", f"--port={port}", f"--data-dir={data_dir / 'hf'}",
+        f"--token-file={token_file}", f"--namespace={HF_NAMESPACE}", *repos,
+    ]  # fmt: skip
 
 
 def _spawn(name: str, argv: list[str], env: dict[str, str], logs: Path) -> int:
@@ -140,13 +157,9 @@ def up() -> StackState:
     hf_token, hf_token_file = _emulator_token()
     try:
         emulator_port = cluster.free_port()
-        repos = [f"--repo={a.ref.kind}:{a.ref.repo_id}@{a.ref.revision}={a.path}" for a in assets]
         pids["hf-emulator"] = _spawn(
-            "hf-emulator",
-            [python, "-m", "devstack.hf_emulator", f"--port={emulator_port}", f"--data-dir={data_dir / 'hf'}",
-             f"--token-file={hf_token_file}", f"--namespace={HF_NAMESPACE}", *repos],
-            base_env, logs,
-        )  # fmt: skip
+            "hf-emulator", emulator_argv(emulator_port, data_dir, hf_token_file, assets), base_env, logs
+        )
         emulator_url = f"http://127.0.0.1:{emulator_port}"
         _wait_http(
             f"{emulator_url}/_emulator/health",
@@ -156,7 +169,7 @@ def up() -> StackState:
         )
         request = urllib.request.Request(
             f"{emulator_url}/_emulator/buckets", data=json.dumps({"id": BUCKET}).encode(), method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {hf_token}"},
         )  # fmt: skip
         urllib.request.urlopen(request, timeout=10).close()
 

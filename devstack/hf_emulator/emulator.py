@@ -40,6 +40,7 @@ DEFAULT_TOKEN = "hf_emulator_token"
 DEFAULT_NAMESPACE = "posttrain-dev"
 CANCEL_ANSWER_SECONDS = KILL_GRACE_SECONDS + 2.0
 MAX_RECORDED_REQUESTS = 100_000
+REDACTED_TOKEN = "[token]"
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,19 @@ class RecordedRequest:
     body: bytes
     at: float
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self, token: str) -> dict[str, Any]:
+        """As served over HTTP: every occurrence of `token` reads REDACTED_TOKEN, so a leak scan over
+        HTTP still sees where it was, and the request log never hands the token out."""
+
+        def redact(text: str) -> str:
+            return text.replace(token, REDACTED_TOKEN) if token else text
+
         return {
             "method": self.method,
-            "path": self.path,
+            "path": redact(self.path),
             "route": self.route,
-            "headers": [list(h) for h in self.headers],
-            "body": self.body.decode("utf-8", "replace"),
+            "headers": [[name, redact(value)] for name, value in self.headers],
+            "body": redact(self.body.decode("utf-8", "replace")),
             "at": iso_z(self.at),
         }
 

@@ -9,6 +9,7 @@ log reader), and SSE bodies are chunk-encoded by hand.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import io
 import json
 import logging
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from devstack.hf_emulator.emulator import HfEmulator
 
 log = logging.getLogger(__name__)
+
+HEALTH_PATH = "/_emulator/health"
 
 
 class EmulatorServer(ThreadingHTTPServer):
@@ -115,6 +118,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         try:
             if split.path.startswith("/_emulator/"):
+                # Health is for readiness probes; the rest registers host directories, injects
+                # faults and serves the request log: only for whoever holds the token.
+                if split.path != HEALTH_PATH and not self._authorized(emu):
+                    return
                 _admin(self, emu, split.path, query, body)
                 return
             matched = routes.match(self.command, split.path)
@@ -150,13 +157,20 @@ class _Handler(BaseHTTPRequestHandler):
             if matched is None or matched.key == routes.AGENT_HARNESSES:
                 self._error(404, "Not Found")
                 return
-            if self.headers.get("Authorization") != f"Bearer {emu.token}":
-                message = "Invalid credentials in Authorization header"
-                self._error(401, message, {"X-Error-Message": message})
+            if not self._authorized(emu):
                 return
             _api(self, emu, matched, query, body)
         except ApiError as reply:
             self._error(reply.status, reply.message, reply.headers)
+
+    def _authorized(self, emu: HfEmulator) -> bool:
+        """Whether the request carries the token; if not, a 401 has been sent."""
+        given = self.headers.get("Authorization") or ""
+        if hmac.compare_digest(given.encode(), f"Bearer {emu.token}".encode()):
+            return True
+        message = "Invalid credentials in Authorization header"
+        self._error(401, message, {"X-Error-Message": message})
+        return False
 
     def _hang_up(self) -> None:
         """Close without a byte of response: the client sees a protocol/connection error."""
@@ -348,7 +362,7 @@ def _stream_metrics(h: _Handler, emu: HfEmulator, namespace: str, job_id: str) -
 
 
 def _admin(h: _Handler, emu: HfEmulator, path: str, query: dict[str, list[str]], body: bytes) -> None:
-    """Test/benchmark endpoints: not part of the HF API, not counted, not recorded, no auth."""
+    """Test/benchmark endpoints: not part of the HF API, not counted, not recorded; the same token."""
     method = h.command
     try:
         data = json.loads(body) if body else {}
@@ -356,7 +370,7 @@ def _admin(h: _Handler, emu: HfEmulator, path: str, query: dict[str, list[str]],
         h._error(400, "the body is not valid JSON")
         return
     try:
-        if (method, path) == ("GET", "/_emulator/health"):
+        if (method, path) == ("GET", HEALTH_PATH):
             h._json(200, {"ok": True, "namespace": emu.namespace})
         elif (method, path) == ("GET", "/_emulator/stats"):
             creations = emu.all_creations()
@@ -369,7 +383,7 @@ def _admin(h: _Handler, emu: HfEmulator, path: str, query: dict[str, list[str]],
             emu.reset_stats()
             h._json(200, {})
         elif (method, path) == ("GET", "/_emulator/requests"):
-            h._json(200, [r.to_wire() for r in emu.requests()])
+            h._json(200, [r.to_wire(emu.token) for r in emu.requests()])
         elif (method, path) == ("GET", "/_emulator/faults"):
             h._json(200, [f.to_wire() for f in emu.faults.active()])
         elif (method, path) == ("POST", "/_emulator/faults"):

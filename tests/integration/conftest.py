@@ -68,12 +68,16 @@ def task_assets() -> list[LocalRepo]:
 
 
 @pytest.fixture
-def executing_emulator(task_assets: list[LocalRepo]) -> Iterator[HfEmulator]:
-    """An emulator that really runs every job under the launcher, with the tasks' real repos."""
+def executing_emulator(request: pytest.FixtureRequest, task_assets: list[LocalRepo]) -> Iterator[HfEmulator]:
+    """An emulator that really runs every job under the launcher, with the tasks' real repos.
+
+    An indirect parameter gives it more keyword arguments (e.g. `max_job_memory_bytes`)."""
+    options: dict[str, Any] = dict(getattr(request, "param", {}))
     data_dir = Path(tempfile.mkdtemp(prefix="hf-emulator-"))
     data_dir.chmod(0o711)
     (data_dir / "interpreter").mkdir(mode=0o755)
-    emu, _ = make_emulator(data_dir=data_dir, interpreter=job_interpreter(str(data_dir / "interpreter")))
+    interpreter = job_interpreter(str(data_dir / "interpreter"))
+    emu, _ = make_emulator(data_dir=data_dir, interpreter=interpreter, **options)
     for repo in task_assets:
         emu.repos.register(repo.ref.kind, repo.ref.repo_id, repo.ref.revision, repo.path)
     yield emu

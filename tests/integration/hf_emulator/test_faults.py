@@ -152,7 +152,8 @@ def test_a_new_job_can_vanish_after_creation(api: HfApi, emulator: HfEmulator) -
 
 
 def test_faults_are_switchable_over_http(api: HfApi, emulator: HfEmulator) -> None:
-    with httpx2.Client(base_url=emulator.url, timeout=5) as admin:
+    token = {"Authorization": f"Bearer {emulator.token}"}
+    with httpx2.Client(base_url=emulator.url, timeout=5, headers=token) as admin:
         added = admin.post(
             "/_emulator/faults", json={"kind": "http_error", "route": routes.HARDWARE, "status": 504}
         )

@@ -27,6 +27,7 @@ from devstack.hf_emulator.isolation import python_binds
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets.datasets import write_dataset_repo
 from graders.tasks import get_task
+from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB
 from tests.integration.launcher.conftest import fill
 
 from .test_jobs_api import IMAGE, host_pids_with, sleeper, wait_for_processes, wait_terminal
@@ -110,7 +111,7 @@ def test_a_lingering_process_is_gone_before_the_next_job_and_cannot_touch_a_scor
     emu: HfEmulator, data_dir: Path
 ) -> None:
     marker = f"lingering-{uuid.uuid4().hex}"
-    agent = submit(emu, job_script("lingering_daemon.py", MARKER=marker))
+    agent = submit(emu, job_script("lingering_daemon.py", MARKER=marker, END="exit"))
     stage, message, logs = finish(emu, agent)
     assert stage == "COMPLETED", (message, logs)
     assert "daemon left behind" in logs  # the daemon did run
@@ -144,6 +145,43 @@ def test_a_lingering_process_is_gone_before_the_next_job_and_cannot_touch_a_scor
     assert "no answer.json" in result["reason"]
 
 
+@pytest.mark.parametrize(
+    ("end", "timeout", "want_message"),
+    [
+        ("fail", 300, "Job failed with exit code: 3"),
+        # Long enough for the daemon to start first on a loaded machine; the logs show it did.
+        ("hang", 60, "timeout: the job exceeded its timeout of 60s"),
+    ],
+    ids=["failure", "timeout"],
+)
+def test_a_lingering_process_is_gone_when_its_job_fails_or_times_out(
+    emu: HfEmulator, end: str, timeout: int, want_message: str
+) -> None:
+    marker = f"lingering-{uuid.uuid4().hex}"
+    agent = submit(emu, job_script("lingering_daemon.py", MARKER=marker, END=end), timeout=timeout)
+    stage, message, logs = finish(emu, agent, timeout=timeout + 240)
+    assert (stage, message) == ("ERROR", want_message), logs
+    assert "daemon left behind" in logs
+    assert host_pids_with(marker) == set()  # confirmed gone when the stage turned terminal
+    assert emu.job_pids(agent) == set()
+
+
+def hold_a_hidden_split(emu: HfEmulator, data_dir: Path, marker: str, env: dict[str, str]) -> tuple[str, str]:
+    """A running job with a split holding `marker` mounted and `env` in its environment: (its id,
+    the marker on its child's command line, once that child runs)."""
+    register_dataset(emu, data_dir, "org/hidden", [{"key": marker, "expected": 1}])
+    process_marker = f"holder-{uuid.uuid4().hex}"
+    job = submit(
+        emu,
+        sleeper(process_marker),
+        inputs={"split": "/inputs/split"},
+        volumes=[Volume(type="dataset", source="org/hidden", mount_path="/inputs/split", revision="main")],
+        env=env,
+    )
+    wait_for_processes(process_marker)
+    return job, process_marker
+
+
 @pytest.fixture
 def abstract_socket() -> Iterator[tuple[str, socket.socket]]:
     """A listening abstract unix socket in the host's network namespace."""
@@ -162,16 +200,7 @@ def test_a_job_cannot_read_trace_or_signal_a_sibling_nor_reach_a_host_socket(
 ) -> None:
     secret_value = f"victim-value-{uuid.uuid4().hex}"
     split_marker = f"hidden-split-{uuid.uuid4().hex}"
-    register_dataset(emu, data_dir, "org/hidden", [{"key": split_marker, "expected": 1}])
-    victim_marker = f"victim-{uuid.uuid4().hex}"
-    victim = submit(
-        emu,
-        sleeper(victim_marker),
-        inputs={"split": "/inputs/split"},
-        volumes=[Volume(type="dataset", source="org/hidden", mount_path="/inputs/split", revision="main")],
-        env={"VICTIM_VALUE": secret_value},
-    )
-    wait_for_processes(victim_marker)
+    victim, victim_marker = hold_a_hidden_split(emu, data_dir, split_marker, {"VICTIM_VALUE": secret_value})
     victim_pids = emu.job_pids(victim)
     assert host_pids_with(victim_marker) <= victim_pids  # the pids handed to the attacker are real
 
@@ -214,19 +243,6 @@ def test_a_job_cannot_read_trace_or_signal_a_sibling_nor_reach_a_host_socket(
     assert host_pids_with(victim_marker) == set()
 
 
-FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-MEMORY_BOMB = (
-    "import os\n"
-    "for _ in range(4):\n"
-    "    if os.fork() == 0:\n"
-    "        hoard = []\n"
-    "        while True:\n"
-    "            hoard.append(b'\\x01' * (8 << 20))\n"
-    "            if len(hoard) >= 40:\n"
-    "                break\n"
-    "        os.kill(os.getpid(), 19)  # SIGSTOP: hold the memory until the cgroup runs out\n"
-    "os.wait()\n"
-)
 SIBLING = (
     "import json, os\n"
     "total = 0\n"
@@ -321,18 +337,9 @@ def test_a_job_scanning_proc_and_the_file_system_finds_only_its_own_inputs(
 ) -> None:
     hidden_marker, cache = leaked_on_the_host
     own_marker = f"own-marker-{uuid.uuid4().hex}"
-    register_dataset(emu, data_dir, "org/hidden", [{"key": hidden_marker, "expected": 1}])
     register_dataset(emu, data_dir, "org/own", [{"key": own_marker, "expected": 1}])
     # Another job holds the hidden split mounted while the scan runs.
-    holder_marker = f"holder-{uuid.uuid4().hex}"
-    holder = submit(
-        emu,
-        sleeper(holder_marker),
-        inputs={"split": "/inputs/split"},
-        volumes=[Volume(type="dataset", source="org/hidden", mount_path="/inputs/split", revision="main")],
-        env={"HOLDER_TOKEN_COPY": token},
-    )
-    wait_for_processes(holder_marker)
+    holder, _ = hold_a_hidden_split(emu, data_dir, hidden_marker, {"HOLDER_TOKEN_COPY": token})
     # The controls: all of these are readable on the host right now.
     assert hidden_marker in (cache / "data.jsonl").read_text()
     assert hidden_marker in (emu.job_root(holder) / "inputs" / "split" / "data.jsonl").read_text()

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -17,6 +18,7 @@ from huggingface_hub import HfApi, HfFileSystem, JobInfo, Volume
 from huggingface_hub.errors import BadRequestError, HfHubHTTPError, JobNotFoundError
 
 from devstack.hf_emulator import FLAVORS, HfEmulator, routes
+from devstack.hf_emulator.emulator import REDACTED_TOKEN
 
 IMAGE = "ghcr.io/example/launcher:1"
 TERMINAL = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
@@ -34,9 +36,13 @@ def run(api: HfApi, emulator: HfEmulator, src: str, **kwargs: object) -> JobInfo
 
 
 def wait_terminal(api: HfApi, emulator: HfEmulator, job_id: str, timeout: float = 120) -> JobInfo:
+    return wait_terminal_in(api, emulator.namespace, job_id, timeout)
+
+
+def wait_terminal_in(api: HfApi, namespace: str, job_id: str, timeout: float = 120) -> JobInfo:
     deadline = time.monotonic() + timeout
     while True:
-        info = api.inspect_job(job_id=job_id, namespace=emulator.namespace)
+        info = api.inspect_job(job_id=job_id, namespace=namespace)
         if info.status.stage in TERMINAL:
             return info
         assert time.monotonic() < deadline, f"job {job_id} still {info.status.stage}"
@@ -477,7 +483,7 @@ def test_billing_is_per_started_minute(make_emulator: Callable[..., HfEmulator])
             f"{emulator.url}/api/settings/billing/usage/jobs",
             headers={"Authorization": f"Bearer {emulator.token}"},
         ).json()
-        admin = client.get(f"{emulator.url}/_emulator/billing").json()
+        admin = client.get(f"{emulator.url}/_emulator/billing", headers=admin_headers(emulator)).json()
     assert usage["hasAccess"] is True
     assert usage["usage"]["usedMicroUsd"] == 167 + 16667
     assert usage["usage"]["totalMinutes"] == 2
@@ -500,14 +506,47 @@ def test_every_request_is_recorded_for_leak_scans(api: HfApi, emulator: HfEmulat
         if emulator.token in v and k.lower() != "authorization"
     ]
     assert where == []
-    with httpx2.Client(timeout=5) as client:
-        stats = client.get(f"{emulator.url}/_emulator/stats").json()
-        logged = client.get(f"{emulator.url}/_emulator/requests").json()
+    with httpx2.Client(base_url=emulator.url, timeout=5, headers=admin_headers(emulator)) as client:
+        stats = client.get("/_emulator/stats").json()
+        served = client.get("/_emulator/requests")
     assert stats["requests"] == {routes.CREATE_JOB: 1, routes.INSPECT_JOB: 1}
+    logged = served.json()
     assert len(logged) == 2 and logged[0]["method"] == "POST"
+    # Served over HTTP, the log shows where the token was, never the token.
+    assert emulator.token not in served.text
+    assert ["Authorization", f"Bearer {REDACTED_TOKEN}"] in [[k.title(), v] for k, v in logged[0]["headers"]]
 
 
-def test_cli_serves_until_terminated_with_its_token_from_a_file(data_dir: Path) -> None:
+def admin_headers(emulator: HfEmulator) -> dict[str, str]:
+    return {"Authorization": f"Bearer {emulator.token}"}
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/_emulator/requests"),
+        ("GET", "/_emulator/stats"),
+        ("POST", "/_emulator/repos"),
+        ("POST", "/_emulator/faults"),
+        ("DELETE", "/_emulator/faults"),
+        ("GET", "/_emulator/jobs"),
+    ],
+)
+def test_admin_endpoints_need_the_token(emulator: HfEmulator, tmp_path: Path, method: str, path: str) -> None:
+    """They register host directories as root, inject faults and serve the request log."""
+    source = tmp_path / "private"
+    source.mkdir()
+    body = {"kind": "model", "repoId": "x/stolen", "sourceDir": str(source), "route": routes.HARDWARE}
+    with httpx2.Client(base_url=emulator.url, timeout=5) as client:
+        for headers in ({}, {"Authorization": "Bearer hf_wrong"}):
+            refused = client.request(method, path, json=body, headers=headers)
+            assert refused.status_code == 401, refused.text
+        assert client.get("/_emulator/health").status_code == 200  # readiness needs no token
+    assert emulator.repos.registered() == []
+    assert emulator.faults.active() == []
+
+
+def test_cli_serves_until_terminated_with_its_token_from_a_file(data_dir: Path, tmp_path: Path) -> None:
     import subprocess
     import sys
 
@@ -515,31 +554,51 @@ def test_cli_serves_until_terminated_with_its_token_from_a_file(data_dir: Path) 
     token_file = data_dir / "token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "devstack.hf_emulator", "--port", "0",
-            "--data-dir", str(data_dir / "cli"), "--token-file", str(token_file),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )  # fmt: skip
+    log_file = tmp_path / "emulator.log"  # everything it prints, as `stack up` keeps it
+    with open(log_file, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "devstack.hf_emulator", "--port", "0",
+                "--data-dir", str(data_dir / "cli"), "--token-file", str(token_file),
+                "--interpreter", sys.executable,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        endpoint = proc.stdout.readline().strip().removeprefix("HF_ENDPOINT=")
-        second = proc.stdout.readline()
+        lines = wait_for_lines(log_file, 2, proc)
+        endpoint = lines[0].removeprefix("HF_ENDPOINT=")
         api = HfApi(endpoint=endpoint, token=token)
         assert api.list_jobs_hardware()[0].name == "cpu-basic"
-        assert api.whoami()["name"] == emulator_namespace(second)
+        assert api.whoami()["name"] == emulator_namespace(lines[1])
         with pytest.raises(HfHubHTTPError) as err:
             HfApi(endpoint=endpoint, token="hf_emulator_token").whoami()  # not the default any more
         assert err.value.response.status_code == 401
-        # Neither on its command line nor in what it prints.
+        namespace = emulator_namespace(lines[1])
+        job = api.run_job(image=IMAGE, command=["python", "-c", "print('hi')"], namespace=namespace)
+        assert wait_terminal_in(api, namespace, job.id).status.stage == "COMPLETED"
+        with httpx2.Client(base_url=endpoint, timeout=5) as client:
+            client.get("/_emulator/requests", headers={"Authorization": f"Bearer {token}"}).raise_for_status()
+        # Neither on its command line nor in its environment, whatever is read from /proc.
         assert token.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
-        assert token not in second
+        assert token.encode() not in Path(f"/proc/{proc.pid}/environ").read_bytes()
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+    # Nor anywhere in what it printed, start to stop.
+    printed = log_file.read_text(errors="replace")
+    assert printed.startswith("HF_ENDPOINT=")
+    assert token not in printed
+
+
+def wait_for_lines(path: Path, count: int, proc: Any, timeout: float = 120) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while len(lines := path.read_text(errors="replace").splitlines()) < count:
+        assert proc.poll() is None, path.read_text(errors="replace")
+        assert time.monotonic() < deadline, f"fewer than {count} lines printed: {lines}"
+        time.sleep(0.1)
+    return lines[:count]
 
 
 def emulator_namespace(line: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from devstack.hf_emulator import HfEmulator
 from tests.conftest import Kubectl
 from tests.integration.conftest import (
@@ -16,6 +18,7 @@ from tests.integration.conftest import (
     get,
     wait_phase,
 )
+from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB, NESTED_ANSWER
 
 # The example solution the scripted agent submits.
 ARTIFACT_SCRIPT = (REPO / "examples" / "t0_artifact_solution.py").read_text()
@@ -67,39 +70,53 @@ def test_t0_artifact_episode_scores_one_when_right(
     assert ledger["platformMicroUSD"] == billed[score_job["status"]["backendJobId"]]
 
 
-def test_t0_artifact_episode_scores_zero_when_wrong(
-    kubectl: Kubectl, namespace: str, executing_operator: OperatorProcess
+@pytest.mark.parametrize(
+    ("script", "grader_status"),
+    [(WRONG_SCRIPT, "ok"), (NESTED_ANSWER, "invalid_checkpoint")],
+    ids=["wrong-answer", "answer-of-200k-nested-arrays"],
+)
+def test_t0_artifact_episode_scores_zero_never_null_when_wrong_or_hostile(
+    kubectl: Kubectl, namespace: str, executing_operator: OperatorProcess, script: str, grader_status: str
 ) -> None:
+    """A hostile answer is the agent's failure, not the platform's: reward "0", outcome Scored."""
     apply(kubectl, namespace, episode_manifest("ep1", budget="0.05"))
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
-    job = _run_job(kubectl, namespace, "wrong", "ep1", WRONG_SCRIPT)
+    job = _run_job(kubectl, namespace, "wrong", "ep1", script)
     assert job["status"]["phase"] == "Succeeded"
     episode = _submit(kubectl, namespace, "wrong")
-    assert episode["status"]["outcome"] == "Scored"
-    assert episode["status"]["reward"] == "0"
+    assert (episode["status"]["outcome"], episode["status"]["reward"]) == ("Scored", "0"), episode["status"]
+    score_job = get(kubectl, namespace, "agentjob", episode["status"]["scoringJob"])
+    assert score_job["status"]["result"]["status"] == grader_status
 
 
-FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+SMALL_MACHINE = {"max_job_memory_bytes": 512 << 20}
 
 
-def test_a_fork_bomb_fails_its_own_job_while_the_episode_goes_on_to_score(
+@pytest.mark.parametrize("executing_emulator", [SMALL_MACHINE], indirect=True, ids=["512MiB-per-job"])
+def test_a_fork_bomb_and_a_memory_bomb_fail_their_own_jobs_while_the_episode_goes_on_to_score(
     kubectl: Kubectl, namespace: str, executing_operator: OperatorProcess, executing_emulator: HfEmulator
 ) -> None:
-    """The agent's other job and the operator carry on: the bomb ends its own job, with the reason."""
-    apply(kubectl, namespace, episode_manifest("ep1", budget="0.05"))
+    """The agent's other job and the operator carry on: each bomb ends its own job, with the reason."""
+    apply(kubectl, namespace, episode_manifest("ep1", budget="0.05", limits={"maxConcurrentJobs": 3}))
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
     apply(
         kubectl,
         namespace,
-        agentjob_manifest("bomb", "ep1", script=FORK_BOMB, timeoutSeconds=300),
+        agentjob_manifest("fork-bomb", "ep1", script=FORK_BOMB, timeoutSeconds=300),
+        agentjob_manifest("memory-bomb", "ep1", script=MEMORY_BOMB, timeoutSeconds=300),
         agentjob_manifest("answer", "ep1", script=ARTIFACT_SCRIPT, timeoutSeconds=300),
     )
     terminal = {"Succeeded", "Failed", "Rejected"}
-    bomb = wait_phase(kubectl, namespace, "agentjob", "bomb", terminal, timeout=180)
+    fork_bomb = wait_phase(kubectl, namespace, "agentjob", "fork-bomb", terminal, timeout=180)
+    memory_bomb = wait_phase(kubectl, namespace, "agentjob", "memory-bomb", terminal, timeout=180)
     answer = wait_phase(kubectl, namespace, "agentjob", "answer", terminal, timeout=180)
-    assert bomb["status"]["phase"] == "Failed"
-    assert "reached its limit of 512 processes and threads" in bomb["status"]["message"]
-    assert executing_emulator.job_pids(bomb["status"]["backendJobId"]) == set()
+    assert fork_bomb["status"]["phase"] == "Failed"
+    assert "reached its limit of 512 processes and threads" in fork_bomb["status"]["message"]
+    assert memory_bomb["status"]["phase"] == "Failed"
+    assert f"out of memory: the job used all of its {512 << 20} bytes" in memory_bomb["status"]["message"]
+    for bomb in (fork_bomb, memory_bomb):
+        assert executing_emulator.job_pids(bomb["status"]["backendJobId"]) == set()
     assert answer["status"]["phase"] == "Succeeded", json.dumps(answer["status"])[:2000]
     episode = _submit(kubectl, namespace, "answer")
     assert (episode["status"]["outcome"], episode["status"]["reward"]) == ("Scored", "1")
+    assert executing_operator.proc is not None and executing_operator.proc.poll() is None

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from graders.artifact import ANSWER_FILE, MAX_ANSWER_BYTES
 from graders.assets.datasets import write_dataset_repo
-from graders.checkpoint_files import MAX_TREE_DEPTH, MAX_TREE_ENTRIES
+from graders.checkpoint_files import MAX_TREE_DEPTH, MAX_TREE_ENTRIES, InvalidCheckpoint, agent_bytes
 from graders.result import GraderResult
 from graders.run import run_grader
 
@@ -301,3 +301,26 @@ def test_arithmetic_missing_base_model_is_the_platforms_error(
     (Path(arithmetic_env["POSTTRAIN_INPUT_CHECKPOINT"]) / WEIGHTS).write_bytes(valid_bytes(base_tensors))
     env = {**arithmetic_env, "POSTTRAIN_INPUT_BASE_MODEL": arithmetic_env["POSTTRAIN_INPUT_SPLIT"]}
     assert run_grader("t0_arithmetic_format", env).status == "error"
+
+
+# -- where the line runs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        RecursionError("maximum recursion depth"),
+        ValueError("digits"),
+        UnicodeDecodeError("utf-8", b"", 0, 1, "x"),
+    ],
+    ids=["recursion", "value", "unicode"],
+)
+def test_anything_raised_while_reading_agent_bytes_is_an_invalid_checkpoint(raised: Exception) -> None:
+    with pytest.raises(InvalidCheckpoint, match=type(raised).__name__), agent_bytes("answer.json"):
+        raise raised
+
+
+def test_the_graders_own_memory_running_out_is_not_the_agents_fault() -> None:
+    """MemoryError passes through, so `run_grader` reports it as the platform's `error`."""
+    with pytest.raises(MemoryError), agent_bytes("answer.json cannot be read"):
+        raise MemoryError

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import resource
+
 import pytest
-from posttrain_launcher import Limits
+from posttrain_launcher import Limits, sandbox
 from posttrain_launcher.bounds import (
     PROCESSES_PER_CPU,
     Bounds,
@@ -74,3 +76,27 @@ def test_the_spec_alone_is_enough() -> None:
 def test_without_a_bound_the_job_is_refused(env: dict[str, str], limits: Limits, missing: str) -> None:
     with pytest.raises(BoundsError, match=missing):
         derive_bounds(env, limits)
+
+
+# -- the job must not start without them -----------------------------------------------------------
+# The kernel call is replaced here (nothing is set on the test process); the launcher tests under
+# tests/integration/launcher read the limits a real job gets.
+
+LIMITS = {"max_file_bytes": 1 << 20, "max_open_files": 64, "max_processes": 64, "max_memory_bytes": 1 << 30}
+
+
+def test_a_limit_the_kernel_refuses_stops_the_lockdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(which: int, limits: tuple[int, int]) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(sandbox.resource, "setrlimit", refuse)
+    with pytest.raises(sandbox.SandboxError, match="cannot set resource limit"):
+        sandbox.set_rlimits(**LIMITS)
+
+
+def test_a_limit_left_higher_than_asked_stops_the_lockdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    monkeypatch.setattr(sandbox.resource, "setrlimit", lambda which, limits: None)  # silently ignored
+    monkeypatch.setattr(sandbox.resource, "getrlimit", lambda which: unlimited)
+    with pytest.raises(sandbox.SandboxError, match="not at most"):
+        sandbox.set_rlimits(**LIMITS)

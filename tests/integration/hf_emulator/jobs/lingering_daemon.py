@@ -1,4 +1,5 @@
-"""Agent job: leaves a double-forked setsid() process behind and exits 0 once it runs.
+"""Agent job: leaves a double-forked setsid() process behind once it runs, then ends as `@@END@@`
+says: `exit` (code 0), `fail` (code 3) or `hang` (until its timeout).
 
 The daemon tries what the issue's attacker did: plant a `graders/run.py` wherever it can write
 (the shared temporary directory first) and write a forged score next to any grader output it finds,
@@ -42,3 +43,7 @@ while not (OUT / "daemon-started").exists():
     assert time.monotonic() < deadline, "the daemon never started"
     time.sleep(0.05)
 print("daemon left behind")
+if "@@END@@" == "fail":
+    sys.exit(3)
+if "@@END@@" == "hang":
+    time.sleep(3600)
