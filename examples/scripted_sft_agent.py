@@ -28,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 EXAMPLES = Path(__file__).resolve().parent
 SOLUTIONS = {
     "t0_artifact": (EXAMPLES / "t0_artifact_solution.py", 300),
-    "t0_arithmetic_format": (EXAMPLES / "train_arithmetic_sft.py", 1200),
+    "t0_arithmetic_format": (EXAMPLES / "train_arithmetic_sft.py", 1800),
 }
 
 
