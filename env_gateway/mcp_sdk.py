@@ -1,16 +1,22 @@
-"""The MCP SDK server (official `mcp` v1.x low-level Server): real MCP over streamable HTTP.
+"""The MCP SDK server (official `mcp` v2 low-level Server): real MCP over streamable HTTP.
 
-The low-level Server rather than FastMCP so that every path validates arguments with the same strict
-pydantic models (FastMCP's generated models ignore unknown keys). Each call reads the agent token
-from its own HTTP request and goes through the gateway's choke point.
+The SDK serves both protocol eras from one session manager: clients of the 2025 handshake (the `mcp`
+1.x generation: `initialize`, then an `Mcp-Session-Id`) and the 2026 single-exchange requests of 2.x
+clients (each POST self-contained, its version in the `MCP-Protocol-Version` header).
+
+The low-level Server rather than MCPServer so that every path validates arguments with the same strict
+pydantic models (the generated models of the high-level server ignore unknown keys). Each call reads
+the agent token from its own HTTP request and goes through the gateway's choke point.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from mcp import types
+from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -20,29 +26,42 @@ from env_gateway.config import GatewaySettings
 from env_gateway.gateway import AgentToken, AuthFailure, Gateway, bearer
 from env_gateway.wire import mcp_call_result, tool_list
 
+# The descriptors never change: built once, served to every tools/list.
+TOOLS_RESULT = types.ListToolsResult(tools=[types.Tool.model_validate(t) for t in tool_list()])
+INPUT_SCHEMAS: dict[str, Mapping[str, Any]] = {t.name: t.input_schema for t in TOOLS_RESULT.tools}
 
-def build_server(gateway: Gateway) -> Server[Any, Any]:
-    server: Server[Any, Any] = Server("posttrain-env-gateway")
 
-    @server.list_tools()  # type: ignore[no-untyped-call,untyped-decorator]
-    async def list_tools() -> list[types.Tool]:
-        return [types.Tool(**t) for t in tool_list()]
+def _agent_token(ctx: ServerRequestContext[Any, Any]) -> str | None:
+    headers = getattr(ctx.request, "headers", None)
+    return bearer(headers.get("authorization") if headers is not None else None)
 
-    @server.call_tool(validate_input=False)  # type: ignore[untyped-decorator]
-    async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        request = server.request_context.request
-        headers = getattr(request, "headers", None)
-        token = bearer(headers.get("authorization") if headers is not None else None)
+
+def build_server(gateway: Gateway) -> Server[Any]:
+    async def list_tools(
+        _: ServerRequestContext[Any, Any], __: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return TOOLS_RESULT
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
         try:
-            outcome = await gateway.call_tool(AgentToken(token or ""), name, arguments)
+            token = AgentToken(_agent_token(ctx) or "")
+            outcome = await gateway.call_tool(token, params.name, params.arguments)
         except AuthFailure as exc:
             text = json.dumps(exc.body())
-            return types.CallToolResult(content=[types.TextContent(type="text", text=text)], isError=True)
-        # The SDK serialises replies itself and answers 500 to one it cannot encode (a tool result can
-        # carry text the gateway did not write, such as job logs): hand it only what encodes.
+            return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+        # The SDK serialises replies itself and fails a reply it cannot encode (a tool result can carry
+        # text the gateway did not write, such as job logs): hand it only what encodes.
         return types.CallToolResult.model_validate(sanitized(mcp_call_result(outcome)))
 
-    return server
+    return Server(
+        "posttrain-env-gateway",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        # The schema the SDK checks `Mcp-Param-*` headers against, without running tools/list per call.
+        get_tool_input_schema=INPUT_SCHEMAS.get,
+    )
 
 
 def build_session_manager(gateway: Gateway, settings: GatewaySettings) -> StreamableHTTPSessionManager:

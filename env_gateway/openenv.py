@@ -227,8 +227,9 @@ def _session_method(sessions: Sessions, req: RpcRequest, session_id: str | None)
 
 
 class HybridMcp:
-    """ASGI app at /mcp. Real MCP (an `Mcp-Session-Id` header, `initialize`, GET/DELETE) goes to the SDK's
-    session manager; everything else is the OpenEnv JSON-RPC dialect, answered here."""
+    """ASGI app at /mcp. Real MCP (an `Mcp-Session-Id` or `MCP-Protocol-Version` header, `initialize`,
+    GET/DELETE) goes to the SDK's session manager; everything else is the OpenEnv JSON-RPC dialect,
+    answered here."""
 
     def __init__(self, gateway: Gateway, sessions: Sessions, sdk: StreamableHTTPSessionManager) -> None:
         self.gateway = gateway
@@ -270,8 +271,10 @@ class HybridMcp:
             )
             return
         sdk_session = headers.get("mcp-session-id")
+        # An SDK message: of a session (2025 era), or self-contained with its protocol version (2026).
+        for_sdk = sdk_session is not None or headers.get("mcp-protocol-version") is not None
         # Streamable HTTP refuses bad input with a 4xx; the OpenEnv dialect answers 200, as upstream.
-        refused = 400 if sdk_session is not None else 200
+        refused = 400 if for_sdk else 200
         try:
             raw = decode_json(body)
         except DecodeError as exc:
@@ -279,7 +282,7 @@ class HybridMcp:
                 scope, receive, send
             )
             return
-        if sdk_session is not None or (isinstance(raw, dict) and raw.get("method") == "initialize"):
+        if for_sdk or (isinstance(raw, dict) and raw.get("method") == "initialize"):
             if agent:
                 await self._post_to_sdk(scope, receive, send, raw, body, sdk_session)
             else:  # the SDK transport is the agent surface: _to_sdk refuses the credential

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import websockets
-from mcp import ClientSession
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 EXAMPLES = Path(__file__).resolve().parent
@@ -63,16 +64,26 @@ async def _reset(gateway: str, orchestrator_token: str, task: str) -> dict[str, 
 _last_spend: dict[str, str] = {}
 
 
-async def _call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def agent_client(gateway: str, token: str) -> AsyncIterator[Client]:
+    """The official MCP client on the gateway's `/mcp`, authenticated by the agent token."""
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http,
+        Client(streamable_http_client(f"{gateway}/mcp", http_client=http)) as client,
+    ):
+        yield client
+
+
+async def _call(session: Client, tool: str, **arguments: Any) -> dict[str, Any]:
     result = await session.call_tool(tool, arguments)
-    if result.isError or result.structuredContent is None:
-        raise ToolError(f"{tool} failed: {result.structuredContent or result.content}")
+    if result.is_error or not isinstance(result.structured_content, dict):
+        raise ToolError(f"{tool} failed: {result.structured_content or result.content}")
     # Every observation reports spend; keep the latest.
     _last_spend.update(((result.meta or {}).get("metadata") or {}).get("service_spend") or {})
-    return result.structuredContent
+    return result.structured_content
 
 
-async def _wait(session: ClientSession, say: Callable[[str], None], job: str | None = None) -> dict[str, Any]:
+async def _wait(session: Client, say: Callable[[str], None], job: str | None = None) -> dict[str, Any]:
     """Call jobs_wait (each call bounded by the gateway) until the job, or the episode, is finished."""
     started = time.monotonic()
     while True:
@@ -92,12 +103,7 @@ async def run_episode(
     token = observation["metadata"]["agent_token"]
     episode = observation["episode"]
     say(f"[{task}] episode {episode} started")
-    async with (
-        httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http,
-        streamable_http_client(f"{gateway}/mcp", http_client=http) as (read, write, _),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with agent_client(gateway, token) as session:
         await _call(session, "task_info")
         submitted = await _call(
             session, "jobs_submit", script=script_path.read_text(), timeout_seconds=timeout

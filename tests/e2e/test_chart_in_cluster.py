@@ -12,8 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
+from mcp import Client
 from posttrain_operator.backends.hf_jobs import KEY_LABEL, label_value
 
 from devstack.hf_emulator import HfEmulator
@@ -141,13 +140,13 @@ def test_full_t0_artifact_episode_in_cluster(
     assert status["phase"] == "Completed" and status["reward"] == "1"
 
 
-async def _call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+async def _call(session: Client, tool: str, **arguments: Any) -> dict[str, Any]:
     result = await session.call_tool(tool, arguments)
-    assert not result.isError and result.structuredContent is not None, (tool, result.content)
-    return result.structuredContent
+    assert not result.is_error and isinstance(result.structured_content, dict), (tool, result.content)
+    return result.structured_content
 
 
-async def _wait_finished(session: ClientSession, job: str | None = None) -> dict[str, Any]:
+async def _wait_finished(session: Client, job: str | None = None) -> dict[str, Any]:
     while True:
         waited = await _call(session, "jobs_wait", **({"job": job} if job else {}), timeout_seconds=20)
         if waited["finished"]:
@@ -163,12 +162,7 @@ def test_operator_pod_killed_mid_episode(release: Release, hf_emulator: HfEmulat
     async def play(gateway: str) -> tuple[str, dict[str, Any]]:
         observation = await scripted_sft_agent._reset(gateway, release.orchestrator_token, "t0_artifact")
         token, episode = observation["metadata"]["agent_token"], observation["episode"]
-        async with (
-            httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http,
-            streamable_http_client(f"{gateway}/mcp", http_client=http) as (read, write, _),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
+        async with scripted_sft_agent.agent_client(gateway, token) as session:
             submitted = await _call(
                 session, "jobs_submit", script=script.read_text(), timeout_seconds=timeout
             )

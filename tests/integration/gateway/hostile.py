@@ -1,7 +1,8 @@
-"""Seeded hostile input for the gateway's three surfaces (the OpenEnv `/mcp` dialect, an MCP SDK
-session on `/mcp`, and `/ws`): nesting depth, lone surrogates and invalid UTF-8, huge numbers, wrong
-types for every tool argument, batches, non-JSON, binary frames and malformed JSON-RPC envelopes; and
-`run`, which sends it all at once (the fuzz test, and `bench/gateway_hostile.py` for the figures).
+"""Seeded hostile input for the gateway's surfaces (the OpenEnv `/mcp` dialect, MCP SDK requests on
+`/mcp` of both protocol eras, and `/ws`): nesting depth, lone surrogates and invalid UTF-8, huge
+numbers, wrong types for every tool argument, batches, non-JSON, binary frames and malformed JSON-RPC
+envelopes; and `run`, which sends it all at once (the fuzz test, and `bench/gateway_hostile.py` for
+the figures).
 
 Every case is invalid input or a harmless read (ping, tools/list): none may count a step or create
 anything, so a run must leave every Episode and AgentJob as it found them."""
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import httpx2
 import websockets
-from mcp import ClientSession
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import ValidationError
 
@@ -229,27 +231,48 @@ def ws_frames(rng: random.Random) -> list[Frame]:
 
 
 @asynccontextmanager
-async def sdk_session(url: str, token: str) -> AsyncIterator[tuple[ClientSession, dict[str, str]]]:
-    """A real MCP SDK client session, and the headers that put a raw POST into that same session."""
-    auth = {"Authorization": f"Bearer {token}"}
+async def sdk_session(url: str, token: str) -> AsyncIterator[dict[str, str]]:
+    """The headers that put a raw POST into a new MCP session of the 2025 era (the `initialize`
+    handshake, as 1.x clients open one); the session is deleted on the way out."""
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    client_info = {"name": "fuzz", "version": "0"}
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": client_info}
+    async with httpx.AsyncClient(base_url=url, timeout=ANSWER_WITHIN) as http:
+        response = await http.post("/mcp", json=rpc("initialize", hello, rid=0), headers=headers)
+        assert response.status_code == 200, response.text
+        headers["Mcp-Session-Id"] = response.headers["mcp-session-id"]
+        headers["Mcp-Protocol-Version"] = response.json()["result"]["protocolVersion"]
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert (await http.post("/mcp", json=initialized, headers=headers)).status_code == 202
+        try:
+            yield dict(headers)
+        finally:
+            await http.delete("/mcp", headers=headers)
+
+
+def sdk_2026_headers(token: str) -> dict[str, str]:
+    """A self-contained request of the 2026 era (no session; its version in a header)."""
+    return {
+        "Authorization": f"Bearer {token}",
+        "Mcp-Protocol-Version": "2026-07-28",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+
+
+@asynccontextmanager
+async def sdk_client(url: str, token: str) -> AsyncIterator[Client]:
+    """A real MCP SDK client, connected as it connects by default (2026 era: no session, no ping)."""
     async with (
-        httpx.AsyncClient(headers=auth, timeout=ANSWER_WITHIN) as http,
-        streamable_http_client(f"{url}/mcp", http_client=http) as (read, write, session_id),
-        ClientSession(read, write) as session,
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=ANSWER_WITHIN) as http,
+        # No response cache: every listing is asked of the server.
+        Client(streamable_http_client(f"{url}/mcp", http_client=http), cache=None) as client,
     ):
-        init = await session.initialize()
-        sid = session_id()
-        assert sid is not None
-        yield (
-            session,
-            {
-                **auth,
-                "Mcp-Session-Id": sid,
-                "Mcp-Protocol-Version": str(init.protocolVersion),
-                "Accept": "application/json, text/event-stream",
-                "Content-Type": "application/json",
-            },
-        )
+        yield client
 
 
 @dataclass(frozen=True)
@@ -356,19 +379,18 @@ async def send_all(
     return seen
 
 
-async def steady_client(session: ClientSession, done: asyncio.Event) -> list[Seen]:
-    """A well-behaved MCP client beside the fuzzed session: it must be answered all along."""
+async def steady_client(client: Client, done: asyncio.Event) -> list[Seen]:
+    """A well-behaved MCP client beside the fuzzed surfaces: it must be answered all along."""
     seen = []
     while not done.is_set():
-        for kind, call in (("ping", session.send_ping), ("tools/list", session.list_tools)):
-            start = time.perf_counter()
-            try:
-                await asyncio.wait_for(call(), ANSWER_WITHIN)
-                fault = None
-            except Exception as exc:
-                fault = f"the well-behaved client failed: {exc!r}"
-            outcome = "ok" if fault is None else "failed"
-            seen.append(Seen("sdk client", kind, outcome, time.perf_counter() - start, fault))
+        start = time.perf_counter()
+        try:
+            await asyncio.wait_for(client.list_tools(), ANSWER_WITHIN)
+            fault = None
+        except Exception as exc:
+            fault = f"the well-behaved client failed: {exc!r}"
+        outcome = "ok" if fault is None else "failed"
+        seen.append(Seen("sdk client", "tools/list", outcome, time.perf_counter() - start, fault))
     return seen
 
 
@@ -395,23 +417,24 @@ def report(seen: list[Seen]) -> str:
 async def run(
     url: str, ws_url: str, orchestrator: dict[str, str], episode: str, token: str, seed: int
 ) -> list[Seen]:
-    """The whole seeded corpus at once: the OpenEnv dialect and an SDK session with `token`, a few
-    bodies with no credential, `/ws` frames on connections attached to `episode`, and a well-behaved
-    MCP client in a session of its own all along."""
+    """The whole seeded corpus at once: the OpenEnv dialect, an SDK session (2025 era) and
+    self-contained SDK requests (2026 era) with `token`, a few bodies with no credential, `/ws` frames
+    on connections attached to `episode`, and a well-behaved MCP client all along."""
     bodies = rpc_bodies(random.Random(seed))
     frames = ws_frames(random.Random(seed + 1))
     unauthenticated = random.Random(seed + 2).sample(bodies, 25)
     agent = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     done = asyncio.Event()
     async with (
-        sdk_session(url, token) as (_, sdk_headers),
-        sdk_session(url, token) as (other_client, _),
+        sdk_session(url, token) as sdk_headers,
+        sdk_client(url, token) as other_client,
         httpx.AsyncClient(base_url=url, timeout=ANSWER_WITHIN) as http,
     ):
         steady = asyncio.create_task(steady_client(other_client, done))
         runs = await asyncio.gather(
             post_all(http, "openenv", bodies, agent, workers=3),
             post_all(http, "sdk", bodies, sdk_headers, workers=3),
+            post_all(http, "sdk 2026", bodies, sdk_2026_headers(token), workers=2),
             post_all(http, "no token", unauthenticated, {"Content-Type": "application/json"}, workers=1),
             send_all(ws_url, orchestrator, episode, frames, workers=3),
         )

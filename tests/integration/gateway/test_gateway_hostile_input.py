@@ -1,6 +1,6 @@
-"""Hostile input on every surface (the OpenEnv `/mcp` dialect, an MCP SDK session, `/ws`): the
-reported reproducers as regression tests, and a seeded fuzz run over all three at once. Bad input
-gets a 4xx, a JSON-RPC error or a websocket close frame with a code; never a 5xx, never a dropped
+"""Hostile input on every surface (the OpenEnv `/mcp` dialect, MCP SDK requests of both protocol eras,
+`/ws`): the reported reproducers as regression tests, and a seeded fuzz run over all of them at once.
+Bad input gets a 4xx, a JSON-RPC error or a websocket close frame with a code; never a 5xx, never a dropped
 socket, never a request left waiting behind someone else's; and it changes nothing."""
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ import websockets
 from devstack import cluster as devcluster
 from env_gateway.config import GatewaySettings
 from env_gateway.openenv import UNAUTHENTICATED_BODY_BYTES
+from env_gateway.tools import TOOLS
 from tests.conftest import Kubectl
 from tests.integration.conftest import episode_manifest, get
 from tests.integration.gateway import hostile
 from tests.integration.gateway.conftest import GatewayServer, serve, snapshot
-from tests.integration.gateway.hostile import ANSWER_WITHIN, deep, rpc, sdk_session
+from tests.integration.gateway.hostile import ANSWER_WITHIN, deep, rpc, sdk_client, sdk_session
 
 SEED = 19
 PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
@@ -151,6 +152,8 @@ async def test_unauthenticated_requests_are_refused_before_the_body_is_parsed(
         assert post(lone_gateway, json.dumps(message), None).status_code == 401
     in_session = post(lone_gateway, json.dumps(PING), None, **{"Mcp-Session-Id": "0" * 32})
     assert in_session.status_code == 401
+    modern = post(lone_gateway, json.dumps(PING), None, **{"Mcp-Protocol-Version": "2026-07-28"})
+    assert modern.status_code == 401
     # An authenticated caller does get its body parsed (and refused for what it is).
     parsed = post(lone_gateway, garbage, lone_gateway.orchestrator_token)
     assert parsed.status_code == 200 and rpc_error_code(parsed) == -32700
@@ -205,7 +208,7 @@ async def test_sdk_session_refuses_malformed_messages_with_4xx_and_goes_on(
     lone_gateway: GatewayServer, kubectl: Kubectl
 ) -> None:
     _, token = agent_episode(kubectl, lone_gateway)
-    async with sdk_session(lone_gateway.url, token) as (session, headers):
+    async with sdk_session(lone_gateway.url, token) as headers:
         surrogate_name = b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"\\ud800"}}'
         for body in (SURROGATE_ID, SURROGATE_ID_BYTES, surrogate_name, DEEP_BODY.encode(), b"{"):
             response = await in_session(lone_gateway, headers, body)
@@ -213,8 +216,9 @@ async def test_sdk_session_refuses_malformed_messages_with_4xx_and_goes_on(
         for bad_id in (1.5, True, {"a": 1}):
             response = await in_session(lone_gateway, headers, {**PING, "id": bad_id})
             assert response.status_code == 400 and rpc_error_code(response) == -32600, response.text
-        await session.send_ping()
-        assert {t.name for t in (await session.list_tools()).tools} >= {"task_info", "jobs_wait"}
+        assert (await in_session(lone_gateway, headers, PING)).json()["result"] == {}
+        tools = (await in_session(lone_gateway, headers, rpc("tools/list", rid=2))).json()["result"]["tools"]
+        assert {t["name"] for t in tools} >= {"task_info", "jobs_wait"}
 
 
 async def test_sdk_session_refuses_an_id_already_in_flight_and_still_answers_the_first(
@@ -223,7 +227,7 @@ async def test_sdk_session_refuses_an_id_already_in_flight_and_still_answers_the
     """The SDK pairs a reply with the POST waiting for str(id): a second request with that id used to
     take the first one's reply and leave it waiting forever."""
     episode, token = agent_episode(kubectl, lone_gateway)
-    async with sdk_session(lone_gateway.url, token) as (session, headers):
+    async with sdk_session(lone_gateway.url, token) as headers:
         wait = rpc("tools/call", {"name": "jobs_wait", "arguments": {"timeout_seconds": 25}}, rid=7)
         first = asyncio.create_task(in_session(lone_gateway, headers, wait))
         # In flight once its step is counted (the step is taken before the wait begins).
@@ -235,7 +239,6 @@ async def test_sdk_session_refuses_an_id_already_in_flight_and_still_answers_the
             assert refused.status_code == 409 and rpc_error_code(refused) == -32600, refused.text
         other = await in_session(lone_gateway, headers, {**PING, "id": 8})
         assert other.status_code == 200 and other.json()["result"] == {}
-        await session.send_ping()
         assert not first.done(), "jobs_wait answered before the duplicates were refused"
         # Still waiting, on its own reply stream: cancel it (MCP's notifications/cancelled) rather than
         # sit out the wait, and that reply, with its id, reaches it at once.
@@ -258,8 +261,8 @@ async def test_sdk_session_with_reused_huge_and_emoji_ids_answers_every_request(
     ids: list[Any] = [18446744073709551616, "\N{CRAB}", 1, "1", 0, -1]
     rng = random.Random(SEED)
     async with (
-        sdk_session(lone_gateway.url, token) as (_, headers),
-        sdk_session(lone_gateway.url, token) as (other_client, _),
+        sdk_session(lone_gateway.url, token) as headers,
+        sdk_client(lone_gateway.url, token) as other_client,
         httpx.AsyncClient(base_url=lone_gateway.url, headers=headers, timeout=ANSWER_WITHIN) as http,
     ):
 
@@ -270,7 +273,7 @@ async def test_sdk_session_with_reused_huge_and_emoji_ids_answers_every_request(
 
         async def steady() -> int:
             for _ in range(10):
-                await other_client.send_ping()
+                assert len((await other_client.list_tools()).tools) == len(TOOLS)
             return 0
 
         *statuses, _ = await asyncio.gather(*(one() for _ in range(60)), steady())
@@ -281,7 +284,7 @@ async def test_sdk_session_with_reused_huge_and_emoji_ids_answers_every_request(
 # --- the fuzz run ---------------------------------------------------------------------------------
 
 
-async def test_seeded_fuzz_over_all_three_surfaces_never_500s_never_drops_and_changes_nothing(
+async def test_seeded_fuzz_over_every_surface_never_500s_never_drops_and_changes_nothing(
     lone_gateway: GatewayServer, kubectl: Kubectl, record_property: Any
 ) -> None:
     episode, token = agent_episode(kubectl, lone_gateway)
@@ -296,7 +299,8 @@ async def test_seeded_fuzz_over_all_three_surfaces_never_500s_never_drops_and_ch
     faults = [s for s in seen if s.fault is not None]
     assert not faults, "\n".join(f"{s.surface} {s.kind}: {s.fault}" for s in faults[:20]) + "\n" + summary
     surfaces = Counter(s.surface for s in seen)
-    assert surfaces["openenv"] == surfaces["sdk"] == len(hostile.rpc_bodies(random.Random(SEED)))
+    corpus = len(hostile.rpc_bodies(random.Random(SEED)))
+    assert surfaces["openenv"] == surfaces["sdk"] == surfaces["sdk 2026"] == corpus
     assert surfaces["ws"] == len(hostile.ws_frames(random.Random(SEED + 1))) and surfaces["no token"] == 25
     assert surfaces["sdk client"] > 0
     assert snapshot(kubectl, lone_gateway.namespace) == before

@@ -90,6 +90,15 @@ async def test_auth_matrix_refuses_and_creates_nothing(gateway: GatewayServer, k
         gateway, gateway.orchestrator_token, "initialize", Accept="application/json, text/event-stream"
     )
     assert sdk_init.status_code == 403
+    # And so are the self-contained requests of the 2026 era: refused before the SDK sees them.
+    modern = {"Accept": "application/json", "Mcp-Protocol-Version": "2026-07-28"}
+    for token, status, code in (
+        (None, 401, "missing_token"),
+        ("not-a-token", 401, "invalid_token"),
+        (gateway.orchestrator_token, 403, "wrong_surface"),
+    ):
+        refused = rpc(gateway, token, "tools/call", submit, **modern)
+        assert refused.status_code == status and refused.json()["error"]["code"] == code, refused.text
     # Another episode's token reaches only its own episode: B's job is invisible to A, and cancelling
     # it with A's token fails.
     foreign = call(gateway, token_a, "jobs_cancel", job=job_b["name"])

@@ -1,87 +1,73 @@
-"""A whole t0_artifact episode driven by the official MCP SDK client over streamable HTTP: the
-orchestrator resets over /ws and hands the agent token over; the agent does the rest through MCP."""
+"""A whole t0_artifact episode driven by an agent on the official MCP SDK over streamable HTTP, once per
+SDK generation: the 2.x of the project's lock (2026 requests, no session) and a pinned 1.x (the 2025
+handshake and a session), in its own venv. The orchestrator resets over /ws and hands the agent token
+over; the agent does the rest through MCP."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-import httpx
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
+import pytest
 
+from tests.integration.gateway.client_venvs import client_venv
 from tests.integration.gateway.conftest import GatewayServer, orchestrator
 from tests.integration.operator.test_full_episode import ARTIFACT_SCRIPT
 
-
-async def _call(session: ClientSession, tool: str, **arguments: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    result = await session.call_tool(tool, arguments)
-    assert not result.isError, result.content
-    assert result.structuredContent is not None
-    return result.structuredContent, (result.meta or {})
-
-
-async def _logs(session: ClientSession, job: str) -> dict[str, Any]:
-    # The operator's broker sometimes answers 500 for a just-finished emulator job (its backend's
-    # JobNotFoundError is not mapped); a second ask gets the logs. Reported; not the gateway's bug.
-    for _ in range(3):
-        result = await session.call_tool("jobs_logs", {"job": job, "tail": 50})
-        if not result.isError and result.structuredContent:
-            return result.structuredContent
-    raise AssertionError(result.content)
+HERE = Path(__file__).parent
+MCP_V1 = "1.30.0"  # the last 1.x release
+TOOL_NAMES = [
+    "dev_evaluate", "jobs_cancel", "jobs_logs", "jobs_status", "jobs_submit", "jobs_wait", "submit",
+    "task_info",
+]  # fmt: skip
 
 
-async def test_mcp_sdk_client_drives_t0_artifact_to_reward_one(executing_gateway: GatewayServer) -> None:
+def _python(generation: str) -> str:
+    if generation == "2.x":
+        return sys.executable  # the project's own venv: the SDK its gateway serves with
+    return str(client_venv(f"mcp-{MCP_V1}", [f"mcp=={MCP_V1}"]) / "bin" / "python")
+
+
+@pytest.mark.parametrize(("generation", "protocol"), [("1.x", "2025-11-25"), ("2.x", "2026-07-28")])
+async def test_mcp_sdk_agent_drives_t0_artifact_to_reward_one(
+    generation: str, protocol: str, executing_gateway: GatewayServer, tmp_path: Path
+) -> None:
+    python = await asyncio.to_thread(_python, generation)
     async with orchestrator(executing_gateway) as orch:
         reset = await orch.reset(task="t0_artifact", budget_usd="0.05")
     token = reset["observation"]["metadata"]["agent_token"]
     assert reset["observation"]["task"]["name"] == "t0_artifact"
     assert "hidden" not in json.dumps(reset["observation"]["task"])
+    script = tmp_path / "answer.py"
+    script.write_text(ARTIFACT_SCRIPT)
 
-    headers = {"Authorization": f"Bearer {token}"}
-    async with (
-        httpx.AsyncClient(headers=headers, timeout=60) as http,
-        streamable_http_client(f"{executing_gateway.url}/mcp", http_client=http) as (read, write, _),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        names = {t.name for t in (await session.list_tools()).tools}
-        assert names == {
-            "task_info", "jobs_submit", "jobs_status", "jobs_wait", "jobs_logs", "jobs_cancel",
-            "dev_evaluate", "submit",
-        }  # fmt: skip
-        info, meta = await _call(session, "task_info")
-        assert info["name"] == "t0_artifact" and meta["metadata"]["service_spend"]["budget_usd"] == "0.05"
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [python, str(HERE / "mcp_agent.py"), executing_gateway.url, token, str(script)],
+        capture_output=True, text=True, timeout=400, env={**os.environ, "NO_PROXY": "127.0.0.1,localhost"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
 
-        submitted, meta = await _call(session, "jobs_submit", script=ARTIFACT_SCRIPT, timeout_seconds=300)
-        job = submitted["job"]["name"]
-        assert submitted["job"]["phase"] in {"Admitted", "Running", "Succeeded"}
-        assert meta["metadata"]["service_spend"]["reserved_usd"] != "0.00"
-
-        waited: dict[str, Any] = {"finished": False}
-        while not waited["finished"]:
-            waited, _ = await _call(session, "jobs_wait", job=job, timeout_seconds=20)
-        assert waited["job"]["phase"] == "Succeeded", waited
-        logs = await _logs(session, job)
-        assert any("wrote" in line for line in logs["lines"]), logs
-
-        dev, _ = await _call(session, "dev_evaluate", job=job)
-        waited = {"finished": False}
-        while not waited["finished"]:
-            waited, _ = await _call(session, "jobs_wait", job=dev["job"]["name"], timeout_seconds=20)
-        assert waited["job"]["result"]["score"] == "1", waited
-
-        await _call(session, "submit", job=job)
-        final: dict[str, Any] = {"finished": False}
-        while not final["finished"]:
-            final, meta = await _call(session, "jobs_wait", timeout_seconds=20)
-        assert final["outcome"] == "Scored" and final["reward"] == "1"
-        assert meta["done"] is True and meta["reward"] == 1.0
-        spend = meta["metadata"]["service_spend"]
-        assert spend["reserved_usd"] == "0.00" and spend["settled_usd"] != "0.00", spend
-        assert meta["metadata"]["steps"] >= 8
-
-        # After the end every tool call is refused with a typed error, and still says done.
-        after = await session.call_tool("jobs_status", {})
-        assert after.isError and after.structuredContent
-        assert after.structuredContent["error"]["code"] == "episode_done"
+    assert summary["client"].startswith(generation[0] + "."), summary["client"]
+    assert summary["protocol"] == protocol  # the era the SDK generation speaks, served by the gateway
+    assert summary["tools"] == TOOL_NAMES
+    assert summary["task"] == "t0_artifact" and summary["budget_usd"] == "0.05"
+    assert summary["submitted_phase"] in {"Admitted", "Running", "Succeeded"}
+    assert summary["reserved_after_submit"] != "0.00"
+    assert summary["job"]["phase"] == "Succeeded", summary["job"]
+    assert any("wrote" in line for line in summary["log_lines"]), summary.get("log_lines")
+    assert summary["dev_score"] == "1"
+    final, meta = summary["final"], summary["final_meta"]
+    assert final["outcome"] == "Scored" and final["reward"] == "1"
+    assert meta["done"] is True and meta["reward"] == 1.0
+    spend = meta["metadata"]["service_spend"]
+    assert spend["reserved_usd"] == "0.00" and spend["settled_usd"] != "0.00", spend
+    # Every tool call was counted once, whichever era carried it.
+    assert meta["metadata"]["steps"] == summary["calls"] - 1  # all but the refused call after the end
+    after = summary["after_end"]
+    assert after["isError"] and after["structuredContent"]["error"]["code"] == "episode_done"

@@ -1,55 +1,31 @@
 """Whole t0_artifact episodes with the real OpenEnv clients: openenv 0.10 (tool calls over HTTP /mcp
 with a session id, reset/step over /ws) and openenv-core 0.3 (everything over /ws step). Both
-generations install the same import package, so each gets a throw-away venv in the user cache."""
+generations install the same import package, so each gets its own venv in the user cache."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.gateway.client_venvs import client_venv
 from tests.integration.gateway.conftest import GatewayServer
 from tests.integration.operator.test_full_episode import ARTIFACT_SCRIPT
 
 HERE = Path(__file__).parent
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "posttrain-operator" / "venvs"
 # The clients' own code, unmodified; the servers' heavy extras (gradio, hub) are left out (--no-deps).
 CLIENT_DEPS = ["pydantic", "fastapi", "websockets", "httpx", "requests", "fastmcp>=3,<4", "pyyaml"]
 CLIENTS = {"openenv-0.10": "openenv==0.10.*", "openenv-core-0.3": "openenv-core==0.3.0"}
-
-
-def client_venv(name: str) -> Path:
-    """Create (once; reused across runs) a venv holding one OpenEnv client generation."""
-    venv = CACHE / name
-    marker = venv / ".posttrain-ready"
-    wanted = json.dumps([CLIENTS[name], *CLIENT_DEPS])
-    if marker.exists() and marker.read_text() == wanted:
-        return venv
-    shutil.rmtree(venv, ignore_errors=True)
-    uv = shutil.which("uv") or next(iter(sorted((CACHE.parent / "tools").glob("uv-*/bin/uv"))), None)
-    python = venv / "bin" / "python"
-    if uv:
-        subprocess.run([str(uv), "venv", "-q", "-p", sys.executable, str(venv)], check=True)
-        pip = [str(uv), "pip", "install", "-q", "--python", str(python)]
-    else:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "--no-deps", CLIENTS[name]], check=True, timeout=600)
-    subprocess.run([*pip, *CLIENT_DEPS], check=True, timeout=600)
-    marker.write_text(wanted)
-    return venv
 
 
 @pytest.mark.parametrize("name", sorted(CLIENTS))
 def test_openenv_client_drives_t0_artifact_to_reward_one(
     name: str, executing_gateway: GatewayServer, tmp_path: Path
 ) -> None:
-    venv = client_venv(name)
+    venv = client_venv(name, ["--no-deps", CLIENTS[name]], CLIENT_DEPS)
     script = tmp_path / "answer.py"
     script.write_text(ARTIFACT_SCRIPT)
     proc = subprocess.run(
