@@ -13,8 +13,16 @@ from posttrain_operator.api import rules
 from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
 
-from env_gateway.schemas import ServiceSpend
-from graders.tasks import Task
+from env_gateway.schemas import ServiceSpend, ToolFailure
+from graders.tasks import Task, UnknownTaskError, get_task
+
+
+@dataclass(frozen=True)
+class EpisodeRef:
+    """An Episode by name: what an orchestrator's session is attached to."""
+
+    namespace: str
+    name: str
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,15 @@ class EpisodeView:
     body: dict[str, Any]
 
     @classmethod
+    def parse(cls, body: dict[str, Any]) -> EpisodeView:
+        """The view of an Episode body as read from the API server; its task must be registered."""
+        try:
+            task = get_task(body["spec"]["task"])
+        except UnknownTaskError as exc:
+            raise ToolFailure("unknown_task", str(exc)) from exc
+        return cls.of(body, task)
+
+    @classmethod
     def of(cls, body: dict[str, Any], task: Task) -> EpisodeView:
         return cls(
             namespace=body["metadata"]["namespace"],
@@ -36,6 +53,10 @@ class EpisodeView:
             task=task,
             body=body,
         )
+
+    @property
+    def ref(self) -> EpisodeRef:
+        return EpisodeRef(self.namespace, self.name)
 
     @property
     def limits(self) -> rules.Limits:

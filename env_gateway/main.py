@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from fastapi import FastAPI, WebSocket
+from fastapi import Depends, FastAPI, WebSocket
+from starlette.requests import HTTPConnection
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from env_gateway import __version__
-from env_gateway.broker import BrokerClient
 from env_gateway.config import GatewaySettings
-from env_gateway.gateway import Gateway
-from env_gateway.kube import Kube, make_api_client
+from env_gateway.gateway import Gateway, open_gateway
+from env_gateway.http_mcp import HybridMcp
+from env_gateway.kube import Kube
 from env_gateway.mcp_sdk import build_session_manager
-from env_gateway.openenv import HybridMcp, OrchestratorSocket, Sessions
+from env_gateway.sessions import Sessions
 from env_gateway.wire import ACTION_SCHEMA, OBSERVATION_SCHEMA, RESET_OBSERVATION_SCHEMA, STATE_SCHEMA
+from env_gateway.ws import OrchestratorSocket
 
 DESCRIPTION = (
     "posttrain-operator: an agent post-trains a model under a dollar budget by submitting batch jobs; "
@@ -25,38 +29,46 @@ DESCRIPTION = (
 )
 
 
-class _Late:
-    """The gateway exists only once the lifespan has a Kubernetes client; routes are bound before."""
+@dataclass(frozen=True)
+class Serving:
+    """What the routes serve with, built by the lifespan once it has a Kubernetes client (the gateway,
+    and the MCP session manager, which needs its server, which needs the gateway, at construction)."""
 
     gateway: Gateway
+    mcp: HybridMcp
+    sessions: Sessions
+
+
+def serving(conn: HTTPConnection) -> Serving:
+    """The routes' dependency: the lifespan state (Starlette hands it to every request)."""
+    state = getattr(conn.state, "serving", None)
+    if not isinstance(state, Serving):  # only without the lifespan, i.e. a wiring bug
+        raise RuntimeError("the gateway is served without its lifespan")
+    return state
+
+
+class _Mcp:
+    """`/mcp`: the lifespan's HybridMcp. An ASGI app, hence a class: Starlette calls a function
+    endpoint with a Request and wants a Response back."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await serving(HTTPConnection(scope)).mcp(scope, receive, send)
 
 
 def create_app(settings: GatewaySettings, kube: Kube | None = None) -> FastAPI:
-    holder = _Late()
     sessions = Sessions(settings.max_sessions)
-    # The SDK's session manager needs its server at construction; the server needs the gateway, which
-    # needs the Kubernetes client made in the lifespan. So the tool handlers reach it through `holder`.
-    gateway_proxy: Any = _GatewayProxy(holder)
-    sdk = build_session_manager(gateway_proxy, settings)
-    hybrid = HybridMcp(gateway_proxy, sessions, sdk)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        own_kube = kube is None
-        k = kube or Kube(await make_api_client(settings.kubeconfig))
-        broker = BrokerClient(settings.broker_url, settings.broker_token_file)
-        holder.gateway = Gateway(settings, k, broker)
-        try:
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Serving]]:
+        async with open_gateway(settings, kube) as gateway:
+            sdk = build_session_manager(gateway, settings)
             # The host app owns the lifespan: a mounted sub-app's lifespan would never run.
             async with sdk.run():
-                yield
-        finally:
-            await broker.close()
-            if own_kube:
-                await k.close()
+                yield {"serving": Serving(gateway, HybridMcp(gateway, sessions, sdk), sessions)}
 
     app = FastAPI(title="posttrain env gateway", version=__version__, lifespan=lifespan)
-    app.router.routes.append(Route("/mcp", endpoint=hybrid, methods=["GET", "POST", "DELETE"]))
+
+    app.router.routes.append(Route("/mcp", endpoint=_Mcp(), methods=["GET", "POST", "DELETE"]))
 
     @app.get("/health", tags=["openenv"])
     async def health() -> dict[str, str]:
@@ -83,18 +95,10 @@ def create_app(settings: GatewaySettings, kube: Kube | None = None) -> FastAPI:
         }
 
     @app.websocket("/ws")
-    async def ws(websocket: WebSocket) -> None:
-        await OrchestratorSocket(holder.gateway, sessions, websocket).run()
+    async def ws(websocket: WebSocket, served: Annotated[Serving, Depends(serving)]) -> None:
+        await OrchestratorSocket(served.gateway, served.sessions, websocket).run()
 
     return app
-
-
-class _GatewayProxy:
-    def __init__(self, holder: _Late) -> None:
-        self._holder = holder
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._holder.gateway, name)
 
 
 def app_from_env() -> FastAPI:

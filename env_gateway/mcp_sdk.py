@@ -21,9 +21,11 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from env_gateway.auth import AuthFailure, bearer
 from env_gateway.codec import sanitized
 from env_gateway.config import GatewaySettings
-from env_gateway.gateway import AgentToken, AuthFailure, Gateway, bearer
+from env_gateway.gateway import Gateway
+from env_gateway.schemas import ToolFailure
 from env_gateway.wire import mcp_call_result, tool_list
 
 # The descriptors never change: built once, served to every tools/list.
@@ -36,6 +38,14 @@ def _agent_token(ctx: ServerRequestContext[Any, Any]) -> str | None:
     return bearer(headers.get("authorization") if headers is not None else None)
 
 
+def _refused(body: dict[str, Any]) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(body))],
+        structured_content=body,
+        is_error=True,
+    )
+
+
 def build_server(gateway: Gateway) -> Server[Any]:
     async def list_tools(
         _: ServerRequestContext[Any, Any], __: types.PaginatedRequestParams | None
@@ -46,11 +56,12 @@ def build_server(gateway: Gateway) -> Server[Any]:
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         try:
-            token = AgentToken(_agent_token(ctx) or "")
-            outcome = await gateway.call_tool(token, params.name, params.arguments)
+            episode = await gateway.auth.agent_episode(_agent_token(ctx))
         except AuthFailure as exc:
-            text = json.dumps(exc.body())
-            return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+            return _refused(exc.body())
+        except ToolFailure as exc:  # an Episode of a task this gateway does not know
+            return _refused({"error": exc.as_dict()})
+        outcome = await gateway.episodes.call_tool(episode, params.name, params.arguments)
         # The SDK serialises replies itself and fails a reply it cannot encode (a tool result can carry
         # text the gateway did not write, such as job logs): hand it only what encodes.
         return types.CallToolResult.model_validate(sanitized(mcp_call_result(outcome)))

@@ -27,8 +27,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import ValidationError
 
-from env_gateway.gateway import ResetArgs
-from env_gateway.openenv import MAX_BODY_BYTES, UNAUTHENTICATED_BODY_BYTES
+from env_gateway.episodes import ResetArgs
+from env_gateway.http_mcp import MAX_BODY_BYTES, UNAUTHENTICATED_BODY_BYTES
 from env_gateway.tools import TOOLS
 
 # Generous: a request is "unanswered" only if it takes this long; latency itself is reported.

@@ -22,7 +22,7 @@ import websockets
 
 from devstack import cluster as devcluster
 from env_gateway.config import GatewaySettings
-from env_gateway.openenv import UNAUTHENTICATED_BODY_BYTES
+from env_gateway.http_mcp import UNAUTHENTICATED_BODY_BYTES
 from env_gateway.tools import TOOLS
 from tests.conftest import Kubectl
 from tests.integration.conftest import episode_manifest, get

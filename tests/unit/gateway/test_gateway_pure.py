@@ -12,10 +12,10 @@ import pytest
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 
+from env_gateway.auth import bearer, orchestrator_credential
 from env_gateway.episode_view import EpisodeView
-from env_gateway.gateway import bearer
+from env_gateway.http_mcp import host_allowed
 from env_gateway.kube import Conflict
-from env_gateway.openenv import host_allowed, orchestrator_credential
 from env_gateway.schemas import JobsWaitArgs, Outcome, SubmitJobArgs, ToolFailure
 from env_gateway.steps import StepCounter, StepLimitReached
 from env_gateway.wire import mcp_call_result, step_payload
