@@ -86,7 +86,11 @@ class JobView(BaseModel):
     checkpoint_from: str | None = None
     reserved_usd: str | None = None
     spent_usd: str | None = None
-    exit_code: int | None = None
+    exit_code: int | None = Field(
+        default=None,
+        description="The job's exit code once it ended, where its backend tells it (null otherwise, "
+        "e.g. after a timeout or a cancel).",
+    )
     started_at: str | None = None
     finished_at: str | None = None
     artifacts: list[dict[str, Any]] = Field(default_factory=list)

@@ -76,7 +76,9 @@ class RemoteStatus:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     raw_stage: str = ""
-    exit_code: int | None = None  # the job process's, where the backend reports it (pods; not HF Jobs)
+    # The job process's, once it ended, where the backend tells it (pods: the container's; HF Jobs: 0
+    # for COMPLETED, else the code its failure message names); None where it does not.
+    exit_code: int | None = None
 
 
 @dataclass(frozen=True)

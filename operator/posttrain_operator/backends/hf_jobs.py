@@ -48,6 +48,8 @@ _STAGES: dict[str, RemoteStage] = {
     "DELETED": "cancelled",
 }
 _RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
+# The platform's status message for a job whose command exited non-zero (HF has no exit-code field).
+_FAILED_WITH_CODE = re.compile(r"Job failed with exit code: (\d{1,3})")
 _RATE_LIMIT_RESET = re.compile(r"\bt=(\d+)")
 
 
@@ -111,14 +113,26 @@ def _stage_of(info: JobInfo) -> tuple[RemoteStage, str]:
     return _STAGES.get(raw, "pending"), raw
 
 
+def _exit_code(stage: RemoteStage, message: str) -> int | None:
+    """What HF Jobs says of the exit code: COMPLETED is an exit status of 0, and a command that failed
+    is an ERROR whose message names its code. An ERROR for any other cause (a timeout, the platform)
+    says nothing of it."""
+    if stage == "succeeded":
+        return 0
+    found = _FAILED_WITH_CODE.fullmatch(message.strip()) if stage == "failed" else None
+    return int(found.group(1)) if found else None
+
+
 def _status_of(info: JobInfo) -> RemoteStatus:
     stage, raw = _stage_of(info)
+    message = info.status.message or ""
     return RemoteStatus(
         stage=stage,
-        message=info.status.message or "",
+        message=message,
         started_at=info.started_at if isinstance(info.started_at, datetime) else None,
         finished_at=info.finished_at if isinstance(info.finished_at, datetime) else None,
         raw_stage=raw,
+        exit_code=_exit_code(stage, message),
     )
 
 

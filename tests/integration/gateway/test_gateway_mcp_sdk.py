@@ -59,7 +59,7 @@ async def test_mcp_sdk_agent_drives_t0_artifact_to_reward_one(
     assert summary["task"] == "t0_artifact" and summary["budget_usd"] == "0.05"
     assert summary["submitted_phase"] in {"Admitted", "Running", "Succeeded"}
     assert summary["reserved_after_submit"] != "0.00"
-    assert summary["job"]["phase"] == "Succeeded", summary["job"]
+    assert (summary["job"]["phase"], summary["job"]["exit_code"]) == ("Succeeded", 0), summary["job"]
     assert any("wrote" in line for line in summary["log_lines"]), summary.get("log_lines")
     assert summary["dev_score"] == "1"
     final, meta = summary["final"], summary["final_meta"]

@@ -98,6 +98,29 @@ async def test_submit_find_status_logs_and_artifacts(
     assert isinstance(await backend.artifacts(handle.output_prefix), list)
 
 
+async def test_the_exit_code_is_the_one_the_platform_reports(
+    backend: HfJobsBackend, backend_emulator: HfEmulator
+) -> None:
+    """HF Jobs has no exit-code field: COMPLETED is 0, a failed command's ERROR message names its code,
+    and an ERROR for another cause (here an injected platform failure) says nothing of it."""
+    handles = {
+        "ok": await backend.submit(_request("k-exit-0")),
+        "three": await backend.submit(_request("k-exit-3", script="raise SystemExit(3)")),
+    }
+    for handle in handles.values():
+        backend_emulator.wait_for_stage(handle.backend_job_id, ("COMPLETED", "ERROR"), timeout=60)
+    statuses = await backend.status_many(list(handles.values()))
+    ok, three = (statuses[handles[k].backend_job_id] for k in ("ok", "three"))
+    assert (ok.stage, ok.exit_code) == ("succeeded", 0)
+    assert (three.stage, three.exit_code) == ("failed", 3), three.message
+
+    backend_emulator.inject("job_error", count=1, message="node lost (injected)")
+    lost = await backend.submit(_request("k-exit-none", script="import time; time.sleep(30)"))
+    backend_emulator.wait_for_stage(lost.backend_job_id, ("ERROR",), timeout=60)
+    status = (await backend.status_many([lost]))[lost.backend_job_id]
+    assert (status.stage, status.exit_code) == ("failed", None), status
+
+
 async def test_status_of_many_jobs_is_one_list_call(
     backend: HfJobsBackend, backend_emulator: HfEmulator
 ) -> None:

@@ -173,6 +173,41 @@ async def test_status_many_is_one_list_call_and_maps_pending_and_missing_pods(
     assert statuses[missing.backend_job_id].stage == "lost"
 
 
+def end_pod_as_the_kubelet_would(kubectl: Kubectl, backend_job_id: str, exit_code: int) -> None:
+    """What a kubelet writes when the job container exits: there is none here, so the test writes it
+    (the status subresource, validated by the API server like the kubelet's own write)."""
+    ep_ns, name = backend_job_id.split("/")
+    image = kubectl_json(kubectl, "-n", ep_ns, "get", "pod", name)["spec"]["containers"][0]["image"]
+    terminated = {
+        "exitCode": exit_code,
+        "reason": "Completed" if exit_code == 0 else "Error",
+        "startedAt": "2026-01-01T00:00:00Z",
+        "finishedAt": "2026-01-01T00:01:30Z",
+    }
+    status = {
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "containerStatuses": [
+            {"name": "job", "image": image, "imageID": "", "ready": False, "restartCount": 0,
+             "state": {"terminated": terminated}},
+        ],
+    }  # fmt: skip
+    kubectl("-n", ep_ns, "patch", "pod", name, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": status}))  # fmt: skip
+
+
+async def test_status_many_reports_the_exit_code_the_kubelet_wrote(
+    backend: PodsBackend, kubectl: Kubectl, namespace: str, episode_namespaces: None
+) -> None:
+    failed = await backend.submit(_request(namespace, "aj-exit3"))
+    succeeded = await backend.submit(_request(namespace, "aj-exit0"))
+    end_pod_as_the_kubelet_would(kubectl, failed.backend_job_id, 3)
+    end_pod_as_the_kubelet_would(kubectl, succeeded.backend_job_id, 0)
+    statuses = await backend.status_many([failed, succeeded])
+    assert (statuses[failed.backend_job_id].stage, statuses[failed.backend_job_id].exit_code) == ("failed", 3)
+    ok = statuses[succeeded.backend_job_id]
+    assert (ok.stage, ok.exit_code, (ok.finished_at - ok.started_at).seconds) == ("succeeded", 0, 90)
+
+
 async def test_cancel_deletes_the_pod_and_confirms_it_is_gone(
     backend: PodsBackend, kubectl: Kubectl, namespace: str, episode_namespaces: None
 ) -> None:
@@ -287,3 +322,18 @@ def test_operator_runs_a_job_as_a_pod_and_deleting_the_episode_removes_it(
         timeout=60,
         what="the episode namespace to be released",
     )
+
+
+def test_the_operator_records_the_exit_code_of_a_pod_job(
+    kubectl: Kubectl, namespace: str, pods_operator: OperatorProcess
+) -> None:
+    apply(kubectl, namespace, episode_manifest("ep1", backend="pods"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    apply(kubectl, namespace, agentjob_manifest("job1", "ep1"))
+    job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Running"})
+    end_pod_as_the_kubelet_would(kubectl, job["status"]["backendJobId"], 3)
+    job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Succeeded", "Failed"}, timeout=120)
+    status = job["status"]
+    assert (status["phase"], status["reason"], status["exitCode"]) == ("Failed", "JobFailed", 3), status
+    assert "container exited with code 3" in status["message"]
+    assert status["billedSeconds"] == 90  # from the container's start and end, as the kubelet wrote them
