@@ -231,7 +231,9 @@ def _exit_code(status: int) -> int:
     return code
 
 
-def run(job: PreparedJob) -> int:
+def _start(job: PreparedJob) -> tuple[int, int, int]:
+    """Fork the job into a process group of its own: (its pid, the read ends of its stdout and
+    stderr)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     sys.stdout.flush()
@@ -245,6 +247,13 @@ def run(job: PreparedJob) -> int:
     os.close(err_w)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # also done in the child; whichever runs first wins the race
+    return pid, out_r, err_r
+
+
+def run(job: PreparedJob) -> int:
+    """Run the job to its end: relay its output (bounded), forward the signals the launcher gets to
+    its process group, stop it once its outputs pass their cap; its exit code."""
+    pid, out_r, err_r = _start(job)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         with contextlib.suppress(OSError):

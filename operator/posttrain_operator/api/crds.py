@@ -101,6 +101,18 @@ def _crd(
     spec_schema["description"] = f"{kind}Spec is the desired state, set by its creator."
     status_schema = schema_of(status)
     status_schema["description"] = f"{kind}Status is the observed state, written by the operator."
+    schema = {
+        "type": "object",
+        "description": description,
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -116,36 +128,26 @@ def _crd(
                 "shortNames": short_names,
                 "categories": ["posttrain"],
             },
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                    **(
-                        {"selectableFields": [{"jsonPath": path} for path in selectable]}
-                        if selectable
-                        else {}
-                    ),
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": description,
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema,
-                                "status": status_schema,
-                            },
-                        }
-                    },
-                }
-            ],
+            "versions": [_version(schema, columns, selectable)],
         },
     }
+
+
+def _version(
+    schema: dict[str, Any], columns: list[dict[str, Any]], selectable: tuple[str, ...]
+) -> dict[str, Any]:
+    """The one served and stored version, with its status subresource."""
+    version: dict[str, Any] = {
+        "name": VERSION,
+        "served": True,
+        "storage": True,
+        "subresources": {"status": {}},
+        "additionalPrinterColumns": columns,
+    }
+    if selectable:
+        version["selectableFields"] = [{"jsonPath": path} for path in selectable]
+    version["schema"] = {"openAPIV3Schema": schema}
+    return version
 
 
 def _col(name: str, path: str, kind: str = "string", priority: int = 0) -> dict[str, Any]:
