@@ -20,7 +20,7 @@ def _require_state(name: str) -> cluster.ClusterState:
     return state
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="devstack", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build or reuse the cached control-plane binaries")
@@ -39,73 +39,92 @@ def main(argv: list[str] | None = None) -> int:
     img = sub.add_parser("images", help="build (or find up to date) the project's images; prints their tags")
     img.add_argument("names", nargs="*", metavar="NAME", help="operator, launcher (default: both)")
     sub.add_parser("node-image", help="the kind node image: official where pullable, else built here")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _images(names: list[str], parser: argparse.ArgumentParser) -> int:
+    from devstack import images
+
+    unknown = set(names) - set(images.IMAGES)
+    if unknown:
+        parser.error(f"unknown image {sorted(unknown)}; choose from {sorted(images.IMAGES)}")
+    base = images.choose_base()
+    for name in names or list(images.IMAGES):
+        tag = images.build(images.IMAGES[name], base)
+        print(f"{name:10} {tag}  {images.image_size_mb(tag)} MB")
+    return 0
+
+
+def _stack(action: str) -> int:
+    if action == "up":
+        running_stack = stack.up()
+        episode, token = stack.new_episode(running_stack)
+        print(stack.describe(running_stack))
+        print(f"episode            {stack.DEMO_NAMESPACE}/{episode} (t0_artifact)")
+        print(f"agent token        {token}")
+    elif action == "down":
+        stack.down()
+        print("stack stopped and cleaned up")
+    else:
+        running = stack.load()
+        if running is None:
+            print("the stack is not running")
+            return 1
+        print(stack.describe(running))
+        for name, pid in running.pids.items():
+            print(f"{name:18} pid {pid:>7}  {'running' if cluster.is_alive(pid) else 'NOT RUNNING'}")
+    return 0
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    if args.action == "up":
+        state = cluster.up(args.name, apiserver_port=args.apiserver_port, etcd_client_port=args.etcd_port)
+        print(f"export KUBECONFIG={state.kubeconfig}")
+    elif args.action == "down":
+        cluster.down(args.name)
+        print(f"cluster {args.name!r} stopped and cleaned up")
+    elif args.action == "status":
+        state = _require_state(args.name)
+        status = cluster.component_status(state)
+        for component, alive in status.items():
+            print(f"{component:26} pid {state.pids[component]:>7}  {'running' if alive else 'NOT RUNNING'}")
+        print(f"server {state.server}\nkubeconfig {state.kubeconfig}")
+        return 0 if all(status.values()) else 1
+    else:  # env
+        state = _require_state(args.name)
+        print(f"export KUBECONFIG={state.kubeconfig}")
+        print(f"export PATH={state.bin_dir}:$PATH")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
     try:
         if args.command == "build":
             print(ensure_binaries())
-        elif args.command == "images":
-            from devstack import images
-
-            unknown = set(args.names) - set(images.IMAGES)
-            if unknown:
-                parser.error(f"unknown image {sorted(unknown)}; choose from {sorted(images.IMAGES)}")
-            base = images.choose_base()
-            for name in args.names or list(images.IMAGES):
-                tag = images.build(images.IMAGES[name], base)
-                print(f"{name:10} {tag}  {images.image_size_mb(tag)} MB")
-        elif args.command == "node-image":
+            return 0
+        if args.command == "images":
+            return _images(args.names, parser)
+        if args.command == "node-image":
             from devstack import kind
 
             print(kind.node_image())
-        elif args.command == "stack":
-            if args.action == "up":
-                running_stack = stack.up()
-                episode, token = stack.new_episode(running_stack)
-                print(stack.describe(running_stack))
-                print(f"episode            {stack.DEMO_NAMESPACE}/{episode} (t0_artifact)")
-                print(f"agent token        {token}")
-            elif args.action == "down":
-                stack.down()
-                print("stack stopped and cleaned up")
-            else:
-                running = stack.load()
-                if running is None:
-                    print("the stack is not running")
-                    return 1
-                print(stack.describe(running))
-                for name, pid in running.pids.items():
-                    print(f"{name:18} pid {pid:>7}  {'running' if cluster.is_alive(pid) else 'NOT RUNNING'}")
-        elif args.command == "token":
+            return 0
+        if args.command == "stack":
+            return _stack(args.action)
+        if args.command == "token":
             state = _require_state(args.name)
             print(
                 cluster.mint_service_account_kubeconfig(
                     state, args.namespace, args.service_account, args.output
                 )
             )
-        elif args.action == "up":
-            state = cluster.up(args.name, apiserver_port=args.apiserver_port, etcd_client_port=args.etcd_port)
-            print(f"export KUBECONFIG={state.kubeconfig}")
-        elif args.action == "down":
-            cluster.down(args.name)
-            print(f"cluster {args.name!r} stopped and cleaned up")
-        elif args.action == "status":
-            state = _require_state(args.name)
-            status = cluster.component_status(state)
-            for component, alive in status.items():
-                print(
-                    f"{component:26} pid {state.pids[component]:>7}  {'running' if alive else 'NOT RUNNING'}"
-                )
-            print(f"server {state.server}\nkubeconfig {state.kubeconfig}")
-            return 0 if all(status.values()) else 1
-        elif args.action == "env":
-            state = _require_state(args.name)
-            print(f"export KUBECONFIG={state.kubeconfig}")
-            print(f"export PATH={state.bin_dir}:$PATH")
+            return 0
+        return _cluster(args)
     except (cluster.ClusterError, BuildError) as exc:
         print(f"devstack: error: {exc}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -33,11 +33,10 @@ from typing import Any
 
 import yaml
 
-from devstack import pki
+from devstack import components, pki
 from devstack.build import ensure_binaries, log
 from devstack.paths import run_root
 
-SERVICE_CIDR = "10.96.0.0/16"
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 
@@ -298,69 +297,12 @@ def _up(state: ClusterState) -> None:
 
     etcd_url = f"http://127.0.0.1:{state.etcd_client_port}"
     peer_url = f"http://127.0.0.1:{state.etcd_peer_port}"
-    _start(
-        state,
-        "etcd",
-        [
-            "--name=devstack",
-            f"--data-dir={run_dir / 'etcd'}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=devstack={peer_url}",
-            "--unsafe-no-fsync",
-            "--quota-backend-bytes=2147483648",
-            "--log-level=warn",
-        ],
-    )
+    _start(state, "etcd", components.etcd_args(run_dir, etcd_url, peer_url))
     _wait(state, "etcd", lambda: _etcd_healthy(state))
-
-    _start(
-        state,
-        "kube-apiserver",
-        [
-            f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={state.apiserver_port}",
-            f"--tls-cert-file={pki_dir / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
-            f"--client-ca-file={pki_dir / 'ca.crt'}",
-            "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki_dir / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--allow-privileged=true",
-            f"--audit-policy-file={run_dir / 'audit-policy.yaml'}",
-            f"--audit-log-path={state.audit_log}",
-            "--profiling=false",
-            "--v=1",
-        ],
-    )
+    apiserver = components.apiserver_args(run_dir, etcd_url, state.apiserver_port, state.audit_log)
+    _start(state, "kube-apiserver", apiserver)
     _wait(state, "kube-apiserver", lambda: _apiserver_ready(state))
-
-    _start(
-        state,
-        "kube-controller-manager",
-        [
-            f"--kubeconfig={run_dir / 'kcm.kubeconfig'}",
-            f"--authentication-kubeconfig={run_dir / 'kcm.kubeconfig'}",
-            f"--authorization-kubeconfig={run_dir / 'kcm.kubeconfig'}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            "--secure-port=0",
-            f"--root-ca-file={pki_dir / 'ca.crt'}",
-            f"--service-account-private-key-file={pki_dir / 'sa.key'}",
-            "--use-service-account-credentials=true",
-            f"--cluster-signing-cert-file={pki_dir / 'ca.crt'}",
-            f"--cluster-signing-key-file={pki_dir / 'ca.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--controllers=*",
-            "--v=1",
-        ],
-    )
+    _start(state, "kube-controller-manager", components.controller_manager_args(run_dir))
     _wait(state, "kube-controller-manager", lambda: _controllers_ready(state))
 
 

@@ -130,6 +130,8 @@ def _kubectl(state: cluster.ClusterState, *args: str, input: str | None = None, 
 
 
 def up() -> StackState:
+    """The whole stack, or the one already running: the cluster, then the HF Jobs emulator, the
+    operator and the gateway, each started once the one before answers."""
     existing = load()
     if existing and all(cluster.is_alive(p) for p in existing.pids.values()):
         log(f"the stack is already running; gateway at {existing.gateway_url}")
@@ -149,77 +151,13 @@ def up() -> StackState:
     assets = materialize_assets(progress=lambda message: log(message))
 
     data_dir = _data_dir()
-    logs = run_root() / "stack-logs"
-    python = sys.executable
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAIN_", "GATEWAY_", "HF_"))}
     base_env.update(KUBECONFIG=str(kube.kubeconfig), HF_HUB_DISABLE_TELEMETRY="1")
     pids: dict[str, int] = {}
-    hf_token, hf_token_file = _emulator_token()
     try:
-        emulator_port = cluster.free_port()
-        pids["hf-emulator"] = _spawn(
-            "hf-emulator", emulator_argv(emulator_port, data_dir, hf_token_file, assets), base_env, logs
-        )
-        emulator_url = f"http://127.0.0.1:{emulator_port}"
-        _wait_http(
-            f"{emulator_url}/_emulator/health",
-            "the HF Jobs emulator",
-            pids["hf-emulator"],
-            logs / "hf-emulator.log",
-        )
-        request = urllib.request.Request(
-            f"{emulator_url}/_emulator/buckets", data=json.dumps({"id": BUCKET}).encode(), method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {hf_token}"},
-        )  # fmt: skip
-        urllib.request.urlopen(request, timeout=10).close()
-
-        broker_port = cluster.free_port()
-        gateway_user = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{GATEWAY_SA}"
-        operator_env = dict(
-            base_env,
-            POSTTRAIN_HF_ENDPOINT=emulator_url,
-            POSTTRAIN_HF_TOKEN=hf_token,
-            POSTTRAIN_HF_NAMESPACE=HF_NAMESPACE,
-            POSTTRAIN_HF_BUCKET=BUCKET,
-            POSTTRAIN_POLL_INTERVAL_SECONDS="2",
-            POSTTRAIN_EPISODE_TICK_SECONDS="1",
-            POSTTRAIN_BROKER_HOST="127.0.0.1",
-            POSTTRAIN_BROKER_PORT=str(broker_port),
-            POSTTRAIN_BROKER_ALLOWED_USERS=json.dumps([gateway_user]),
-        )
-        pids["operator"] = _spawn(
-            "operator",
-            # Scoped to the demo namespace, so a shared cluster's other namespaces are left alone.
-            [python, "-m", "kopf", "run", "--standalone", f"--namespace={DEMO_NAMESPACE}",
-             "-m", "posttrain_operator.handlers"],
-            operator_env, logs,
-        )  # fmt: skip
-        broker_url = f"http://127.0.0.1:{broker_port}"
-        _wait_http(f"{broker_url}/healthz", "the operator", pids["operator"], logs / "operator.log")
-
-        sa_kubeconfig = cluster.mint_service_account_kubeconfig(
-            kube, SYSTEM_NAMESPACE, GATEWAY_SA, run_root() / "gateway-sa.kubeconfig", duration="24h"
-        )
-        token_file = run_root() / "gateway-sa.token"
-        token_file.write_text(yaml.safe_load(sa_kubeconfig.read_text())["users"][0]["user"]["token"])
-        token_file.chmod(0o600)
-        orchestrator_token = secrets.token_urlsafe(24)
-        gateway_port = cluster.free_port()
-        gateway_env = dict(
-            base_env,
-            GATEWAY_NAMESPACE=DEMO_NAMESPACE,
-            GATEWAY_ORCHESTRATOR_TOKEN=orchestrator_token,
-            GATEWAY_BROKER_URL=broker_url,
-            GATEWAY_BROKER_TOKEN_FILE=str(token_file),
-        )
-        pids["gateway"] = _spawn(
-            "gateway",
-            [python, "-m", "uvicorn", "env_gateway.main:app_from_env", "--factory", "--host=127.0.0.1",
-             f"--port={gateway_port}", "--ws=websockets-sansio", "--log-level=warning"],
-            gateway_env, logs,
-        )  # fmt: skip
-        gateway_url = f"http://127.0.0.1:{gateway_port}"
-        _wait_http(f"{gateway_url}/health", "the gateway", pids["gateway"], logs / "gateway.log")
+        emulator_url, hf_token = _start_emulator(pids, base_env, data_dir, assets)
+        broker_url = _start_operator(pids, base_env, emulator_url, hf_token)
+        gateway_url, orchestrator_token = _start_gateway(pids, base_env, kube, broker_url)
     except BaseException:
         cluster.stop_pids(list(pids.values()))
         raise
@@ -235,6 +173,91 @@ def up() -> StackState:
     _state_path().write_text(json.dumps(asdict(state), indent=2))
     _state_path().chmod(0o600)
     return state
+
+
+def _start_emulator(
+    pids: dict[str, int], base_env: dict[str, str], data_dir: Path, assets: list[LocalRepo]
+) -> tuple[str, str]:
+    """(its URL, its API token), its bucket made."""
+    logs = run_root() / "stack-logs"
+    hf_token, hf_token_file = _emulator_token()
+    emulator_port = cluster.free_port()
+    pids["hf-emulator"] = _spawn(
+        "hf-emulator", emulator_argv(emulator_port, data_dir, hf_token_file, assets), base_env, logs
+    )
+    emulator_url = f"http://127.0.0.1:{emulator_port}"
+    _wait_http(
+        f"{emulator_url}/_emulator/health",
+        "the HF Jobs emulator",
+        pids["hf-emulator"],
+        logs / "hf-emulator.log",
+    )
+    request = urllib.request.Request(
+        f"{emulator_url}/_emulator/buckets", data=json.dumps({"id": BUCKET}).encode(), method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {hf_token}"},
+    )  # fmt: skip
+    urllib.request.urlopen(request, timeout=10).close()
+    return emulator_url, hf_token
+
+
+def _start_operator(pids: dict[str, int], base_env: dict[str, str], emulator_url: str, hf_token: str) -> str:
+    """Its broker's URL."""
+    logs = run_root() / "stack-logs"
+    broker_port = cluster.free_port()
+    gateway_user = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{GATEWAY_SA}"
+    operator_env = dict(
+        base_env,
+        POSTTRAIN_HF_ENDPOINT=emulator_url,
+        POSTTRAIN_HF_TOKEN=hf_token,
+        POSTTRAIN_HF_NAMESPACE=HF_NAMESPACE,
+        POSTTRAIN_HF_BUCKET=BUCKET,
+        POSTTRAIN_POLL_INTERVAL_SECONDS="2",
+        POSTTRAIN_EPISODE_TICK_SECONDS="1",
+        POSTTRAIN_BROKER_HOST="127.0.0.1",
+        POSTTRAIN_BROKER_PORT=str(broker_port),
+        POSTTRAIN_BROKER_ALLOWED_USERS=json.dumps([gateway_user]),
+    )
+    pids["operator"] = _spawn(
+        "operator",
+        # Scoped to the demo namespace, so a shared cluster's other namespaces are left alone.
+        [sys.executable, "-m", "kopf", "run", "--standalone", f"--namespace={DEMO_NAMESPACE}",
+         "-m", "posttrain_operator.handlers"],
+        operator_env, logs,
+    )  # fmt: skip
+    broker_url = f"http://127.0.0.1:{broker_port}"
+    _wait_http(f"{broker_url}/healthz", "the operator", pids["operator"], logs / "operator.log")
+    return broker_url
+
+
+def _start_gateway(
+    pids: dict[str, int], base_env: dict[str, str], kube: cluster.ClusterState, broker_url: str
+) -> tuple[str, str]:
+    """(its URL, the orchestrator token); it reaches the broker as its ServiceAccount."""
+    logs = run_root() / "stack-logs"
+    sa_kubeconfig = cluster.mint_service_account_kubeconfig(
+        kube, SYSTEM_NAMESPACE, GATEWAY_SA, run_root() / "gateway-sa.kubeconfig", duration="24h"
+    )
+    token_file = run_root() / "gateway-sa.token"
+    token_file.write_text(yaml.safe_load(sa_kubeconfig.read_text())["users"][0]["user"]["token"])
+    token_file.chmod(0o600)
+    orchestrator_token = secrets.token_urlsafe(24)
+    gateway_port = cluster.free_port()
+    gateway_env = dict(
+        base_env,
+        GATEWAY_NAMESPACE=DEMO_NAMESPACE,
+        GATEWAY_ORCHESTRATOR_TOKEN=orchestrator_token,
+        GATEWAY_BROKER_URL=broker_url,
+        GATEWAY_BROKER_TOKEN_FILE=str(token_file),
+    )
+    pids["gateway"] = _spawn(
+        "gateway",
+        [sys.executable, "-m", "uvicorn", "env_gateway.main:app_from_env", "--factory", "--host=127.0.0.1",
+         f"--port={gateway_port}", "--ws=websockets-sansio", "--log-level=warning"],
+        gateway_env, logs,
+    )  # fmt: skip
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
+    _wait_http(f"{gateway_url}/health", "the gateway", pids["gateway"], logs / "gateway.log")
+    return gateway_url, orchestrator_token
 
 
 def new_episode(state: StackState, task: str = "t0_artifact") -> tuple[str, str]:

@@ -6,15 +6,10 @@ with HfEmulator(tmp_dir) as emu:
 """
 
 from devstack.hf_emulator import routes
-from devstack.hf_emulator.emulator import (
-    DEFAULT_NAMESPACE,
-    DEFAULT_TOKEN,
-    BillingRecord,
-    HfEmulator,
-    RecordedRequest,
-)
+from devstack.hf_emulator.emulator import DEFAULT_NAMESPACE, DEFAULT_TOKEN, HfEmulator
 from devstack.hf_emulator.faults import FAULT_KINDS, Fault
 from devstack.hf_emulator.hardware import FLAVORS
+from devstack.hf_emulator.records import BillingRecord, RecordedRequest
 from devstack.hf_emulator.repos import RepoStore
 
 __all__ = [

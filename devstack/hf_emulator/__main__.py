@@ -27,7 +27,7 @@ def _interpreter(choice: str, data_dir: Path) -> str:
     return job_interpreter(str(workdir))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m devstack.hf_emulator", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
@@ -65,16 +65,36 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KIND:REPO_ID[@REV]=DIR",
         help="register a local directory as a repository, e.g. model:org/m@main=./m (repeatable)",
     )
-    args = parser.parse_args(argv)
-    token = DEFAULT_TOKEN
-    if args.token_file is not None:
-        try:
-            token = args.token_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            parser.error(f"--token-file: {exc}")
-        if not token:
-            parser.error(f"--token-file: {args.token_file} is empty")
+    return parser
 
+
+def _token(parser: argparse.ArgumentParser, token_file: Path | None) -> str:
+    if token_file is None:
+        return DEFAULT_TOKEN
+    try:
+        token = token_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        parser.error(f"--token-file: {exc}")
+    if not token:
+        parser.error(f"--token-file: {token_file} is empty")
+    return token
+
+
+def _register_repos(parser: argparse.ArgumentParser, emulator: HfEmulator, specs: list[str]) -> None:
+    for spec in specs:
+        try:
+            key, source = spec.split("=", 1)
+            kind, repo = key.split(":", 1)
+            repo_id, _, revision = repo.partition("@")
+            emulator.repos.register(kind, repo_id, revision or None, source)
+        except (ValueError, OSError) as exc:
+            parser.error(f"--repo {spec}: {exc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    token = _token(parser, args.token_file)
     emulator = HfEmulator(
         args.data_dir,
         host=args.host,
@@ -89,14 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         simulated_runtime=args.simulate or 0.0,
         max_job_memory_bytes=args.max_job_memory,
     )
-    for spec in args.repo:
-        try:
-            key, source = spec.split("=", 1)
-            kind, repo = key.split(":", 1)
-            repo_id, _, revision = repo.partition("@")
-            emulator.repos.register(kind, repo_id, revision or None, source)
-        except (ValueError, OSError) as exc:
-            parser.error(f"--repo {spec}: {exc}")
+    _register_repos(parser, emulator, args.repo)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     emulator.start()

@@ -11,7 +11,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from devstack.hf_emulator.jobs import iso_z
+from devstack.hf_emulator.job_state import iso_z
 
 
 class BucketError(Exception):

@@ -11,26 +11,17 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter, deque
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from devstack.hf_emulator.errors import ApiError
 from devstack.hf_emulator.faults import JOB_FAULTS, Fault, FaultBook
-from devstack.hf_emulator.hardware import FLAVORS
 from devstack.hf_emulator.http_api import EmulatorServer
-from devstack.hf_emulator.isolation import Isolation
-from devstack.hf_emulator.jobs import (
-    CONFIRM_SECONDS,
-    KILL_GRACE_SECONDS,
-    Job,
-    JobRunner,
-    RunnerConfig,
-    iso_z,
-    request_end,
-)
+from devstack.hf_emulator.isolation import isolation_for
+from devstack.hf_emulator.job_state import Job, request_end
+from devstack.hf_emulator.jobs import CONFIRM_SECONDS, KILL_GRACE_SECONDS, JobRunner, RunnerConfig
+from devstack.hf_emulator.records import BillingRecord, RecordedRequest, Stats
 from devstack.hf_emulator.repos import RepoStore
 from devstack.hf_emulator.validation import SpecError, parse_job_spec
 
@@ -39,64 +30,22 @@ log = logging.getLogger(__name__)
 DEFAULT_TOKEN = "hf_emulator_token"
 DEFAULT_NAMESPACE = "posttrain-dev"
 CANCEL_ANSWER_SECONDS = KILL_GRACE_SECONDS + 2.0
-MAX_RECORDED_REQUESTS = 100_000
-REDACTED_TOKEN = "[token]"
 
 
-@dataclass(frozen=True)
-class RecordedRequest:
-    method: str
-    path: str  # with the query string
-    route: str
-    headers: list[tuple[str, str]]
-    body: bytes
-    at: float
-
-    def to_wire(self, token: str) -> dict[str, Any]:
-        """As served over HTTP: every occurrence of `token` reads REDACTED_TOKEN, so a leak scan over
-        HTTP still sees where it was, and the request log never hands the token out."""
-
-        def redact(text: str) -> str:
-            return text.replace(token, REDACTED_TOKEN) if token else text
-
-        return {
-            "method": self.method,
-            "path": redact(self.path),
-            "route": self.route,
-            "headers": [[name, redact(value)] for name, value in self.headers],
-            "body": redact(self.body.decode("utf-8", "replace")),
-            "at": iso_z(self.at),
-        }
-
-
-@dataclass(frozen=True)
-class BillingRecord:
-    job_id: str
-    namespace: str
-    flavor: str
-    minutes: int
-    cost_micro_usd: int
-    started_at: float | None
-    finished_at: float | None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "jobId": self.job_id,
-            "namespace": self.namespace,
-            "hardwareFlavor": self.flavor,
-            "totalMinutes": self.minutes,
-            "totalCostMicroUsd": self.cost_micro_usd,
-            "startedAt": iso_z(self.started_at) if self.started_at else None,
-            "completedAt": iso_z(self.finished_at) if self.finished_at else None,
-        }
-
-
-@dataclass
-class _Stats:
-    counts: Counter[str] = field(default_factory=Counter)
-    # Bounded so that a long benchmark cannot exhaust memory; the counters are exact regardless.
-    requests: deque[RecordedRequest] = field(default_factory=lambda: deque(maxlen=MAX_RECORDED_REQUESTS))
-    creations: dict[str, Counter[str]] = field(default_factory=dict)
+def _prepare_data_dir(path: Path) -> Path:
+    data_dir = path.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # uid 10000 (the launcher's) must traverse into job trees; the repo store stays 0700.
+    data_dir.chmod(0o711)
+    for sub in ("jobs", "buckets"):
+        (data_dir / sub).mkdir(exist_ok=True)
+        (data_dir / sub).chmod(0o711)
+    blocked = [p for p in data_dir.parents if not p.stat().st_mode & 0o001]
+    if os.geteuid() == 0 and blocked:
+        log.warning(
+            "uid 10000 cannot traverse %s: launcher jobs will fail; use another --data-dir", blocked[0]
+        )
+    return data_dir
 
 
 class HfEmulator:
@@ -130,18 +79,7 @@ class HfEmulator:
         """`isolate`: run each job in namespaces and a cgroup of its own (`jobs.py`); the default is
         to do so when running as root. `max_job_memory_bytes` and `max_job_processes` cap what a
         flavor gives a job, for a machine smaller than the flavors (default: the host's memory)."""
-        self.data_dir = Path(data_dir).resolve()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        # uid 10000 (the launcher's) must traverse into job trees; the repo store stays 0700.
-        self.data_dir.chmod(0o711)
-        for sub in ("jobs", "buckets"):
-            (self.data_dir / sub).mkdir(exist_ok=True)
-            (self.data_dir / sub).chmod(0o711)
-        blocked = [p for p in self.data_dir.parents if not p.stat().st_mode & 0o001]
-        if os.geteuid() == 0 and blocked:
-            log.warning(
-                "uid 10000 cannot traverse %s: launcher jobs will fail; use another --data-dir", blocked[0]
-            )
+        self.data_dir = _prepare_data_dir(Path(data_dir))
         self.token = token
         self.namespace = namespace
         self.orgs = tuple(orgs)
@@ -152,16 +90,7 @@ class HfEmulator:
         self.metrics_interval = metrics_interval
         self.repos = RepoStore(self.data_dir / "repos")
         self.faults = FaultBook()
-        if isolate is None:
-            isolate = execute and os.geteuid() == 0
-        if not isolate and execute:
-            why = "isolate=False" if os.geteuid() == 0 else "the emulator is not running as root"
-            log.warning("jobs are not isolated from each other or from the host: %s", why)
-        self.isolation = (
-            Isolation(max_job_memory_bytes=max_job_memory_bytes, max_job_processes=max_job_processes)
-            if isolate
-            else None
-        )
+        self.isolation = isolation_for(execute, isolate, max_job_memory_bytes, max_job_processes)
         self.runner_config = RunnerConfig(
             data_dir=self.data_dir,
             interpreter=interpreter,
@@ -177,7 +106,7 @@ class HfEmulator:
         self._runners: dict[str, JobRunner] = {}
         self._seq = itertools.count(1)
         self._stats_lock = threading.Lock()
-        self._stats = _Stats()
+        self._stats = Stats()
         self._httpd = EmulatorServer((host, port), self)
         self._thread: threading.Thread | None = None
 
@@ -305,7 +234,7 @@ class HfEmulator:
 
     def reset_stats(self) -> None:
         with self._stats_lock:
-            self._stats = _Stats()
+            self._stats = Stats()
 
     def job(self, job_id: str) -> dict[str, Any]:
         """The job as the API would return it, vanished or not (KeyError if unknown)."""
@@ -476,58 +405,3 @@ class HfEmulator:
                 for j in self._jobs.values()
                 if j.namespace == namespace and not j.vanished(now) and (not stages or j.stage in stages)
             )
-
-    def billing_usage(self) -> dict[str, Any]:
-        records = [r for r in self.billing() if r.started_at is not None]
-        today = datetime.now(UTC)
-        start = today.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        end = (
-            start.replace(year=start.year + 1, month=1)
-            if start.month == 12
-            else start.replace(month=start.month + 1)
-        )
-        return {
-            "usage": {
-                "usedMicroUsd": sum(r.cost_micro_usd for r in records),
-                "totalMinutes": sum(r.minutes for r in records),
-                "periodStart": iso_z(start.timestamp()),
-                "periodEnd": iso_z(end.timestamp()),
-                "jobDetails": [
-                    {k: v for k, v in r.to_wire().items() if k != "namespace" and v is not None}
-                    for r in records
-                ],
-            },
-            "hasAccess": True,
-        }
-
-    def metrics_sample(
-        self, job: Job, prev: tuple[float, float] | None
-    ) -> tuple[dict[str, Any], tuple[float, float]]:
-        cpu_secs, rss = 0.0, 0
-        if job.cgroup is not None:
-            with contextlib.suppress(OSError, ValueError):
-                cpu_secs, rss = job.cgroup.cpu_seconds(), job.cgroup.memory_usage()
-        elif job.proc is not None:
-            try:
-                fields = Path(f"/proc/{job.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                ticks = os.sysconf("SC_CLK_TCK")
-                cpu_secs = (int(fields[11]) + int(fields[12])) / ticks
-                rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-            except (OSError, IndexError, ValueError):
-                pass
-        now = time.monotonic()
-        pct = 0.0
-        if prev is not None and now > prev[0]:
-            pct = 100.0 * (cpu_secs - prev[1]) / (now - prev[0])
-        flavor = FLAVORS[job.spec.flavor]
-        sample = {
-            "cpu_usage_pct": round(pct, 1),
-            "cpu_millicores": flavor.cpu_cores * 1000,
-            "memory_used_bytes": rss,
-            "memory_total_bytes": int(flavor.ram.split()[0]) * 1024**3,
-            "rx_bps": 0,
-            "tx_bps": 0,
-            "gpus": {},
-            "replica": job.id[-5:],
-        }
-        return sample, (now, cpu_secs)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from devstack.hf_emulator import buckets, routes
+from devstack.hf_emulator import buckets, records, routes
 from devstack.hf_emulator.errors import ApiError
 from devstack.hf_emulator.faults import Fault
 from devstack.hf_emulator.hardware import hardware_list
@@ -228,7 +228,7 @@ def _api(h: _Handler, emu: HfEmulator, m: routes.Match, query: dict[str, list[st
     elif m.key == routes.HARDWARE:
         h._json(200, hardware_list())
     elif m.key == routes.BILLING_USAGE:
-        h._json(200, emu.billing_usage())
+        h._json(200, records.billing_usage(emu.billing()))
     elif m.key == routes.CREATE_JOB:
         try:
             payload = json.loads(body or b"null")
@@ -354,7 +354,7 @@ def _stream_metrics(h: _Handler, emu: HfEmulator, namespace: str, job_id: str) -
         if finished:
             break
         if running:
-            sample, prev = emu.metrics_sample(job, prev)
+            sample, prev = records.metrics_sample(job, prev)
             h._chunk(b"event: metric\ndata: %s\n\n" % json.dumps(sample).encode())
         with emu.cond:
             emu.cond.wait(emu.metrics_interval)

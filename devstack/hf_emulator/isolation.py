@@ -195,3 +195,17 @@ class Isolation:
     def close(self) -> None:
         if self.cgroups is not None:
             self.cgroups.remove()
+
+
+def isolation_for(
+    execute: bool, isolate: bool | None, max_memory_bytes: int | None, max_processes: int | None
+) -> Isolation | None:
+    """Jobs isolated (namespaces, a cgroup each) when asked, by default when running as root."""
+    if isolate is None:
+        isolate = execute and os.geteuid() == 0
+    if not isolate and execute:
+        why = "isolate=False" if os.geteuid() == 0 else "the emulator is not running as root"
+        log.warning("jobs are not isolated from each other or from the host: %s", why)
+    if not isolate:
+        return None
+    return Isolation(max_job_memory_bytes=max_memory_bytes, max_job_processes=max_processes)

@@ -1,4 +1,4 @@
-"""Jobs: their state, and running each one for real as a local process.
+"""Running each job for real as a local process (its state is in `job_state.py`).
 
 As root, each job runs isolated (`isolation.py`, `jail.py`): its own PID, mount, network, IPC, UTS
 and user namespaces, a file system view of its own tree and the interpreter only, and (on cgroup v1)
@@ -28,122 +28,22 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from devstack.hf_emulator.cgroups import JobCgroup
 from devstack.hf_emulator.hardware import FLAVORS
 from devstack.hf_emulator.isolation import JAIL_SCRIPT, JOB_UID, Isolation, JobLimits
+from devstack.hf_emulator.job_state import Job, LogLine, iso_z
 from devstack.hf_emulator.repos import RepoNotFound, RepoStore
 from devstack.hf_emulator.trees import UnsafeTree, check_publishable, copy_regular_file, make_read_only
-from devstack.hf_emulator.validation import JobSpec, VolumeSpec
+from devstack.hf_emulator.validation import VolumeSpec
 
-TERMINAL_STAGES = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
 MAX_LOG_LINES = 200_000
 KILL_GRACE_SECONDS = 3.0
 # How long ending a job may take once its processes are told to die, before the emulator says so.
 CONFIRM_SECONDS = 30.0
 RESOURCE_CHECK_SECONDS = 0.25
-
-
-def iso_z(ts: float) -> str:
-    """The only timestamp format the client parses: `YYYY-MM-DDTHH:MM:SS.ffffffZ`."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@dataclass
-class LogLine:
-    ts: float
-    text: str
-
-    def to_event(self) -> dict[str, str]:
-        return {"data": self.text, "timestamp": iso_z(self.ts)}
-
-
-@dataclass
-class Job:
-    id: str
-    namespace: str
-    owner_id: str
-    spec: JobSpec
-    seq: int
-    created_at: float
-    stage: str = "SCHEDULING"
-    message: str | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
-    logs: list[LogLine] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
-    fail_after: float | None = None  # job_error fault: seconds after start
-    fail_message: str = ""
-    vanish_at: float | None = None  # job_vanish fault: absolute time
-    exit_code: int | None = None
-    wake: threading.Event = field(default_factory=threading.Event)
-    # Set by cancel and by the emulator's shutdown: the runner ends the job and confirms it.
-    end_requested: bool = False
-    cgroup: JobCgroup | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.stage in TERMINAL_STAGES
-
-    def vanished(self, now: float) -> bool:
-        return self.vanish_at is not None and now >= self.vanish_at
-
-    def billed_minutes(self, now: float) -> int:
-        """Billing is per started minute of running time; a job that never started costs nothing."""
-        if self.started_at is None:
-            return 0
-        running = (self.finished_at or now) - self.started_at
-        return max(1, math.ceil(running / 60))
-
-    def cost_micro_usd(self, now: float) -> int:
-        return self.billed_minutes(now) * FLAVORS[self.spec.flavor].unit_cost_micro_usd
-
-    def durations(self, now: float) -> dict[str, int]:
-        end = self.finished_at or now
-        scheduled = (self.started_at or end) - self.created_at
-        running = end - self.started_at if self.started_at is not None else 0.0
-        return {
-            "schedulingSecs": int(scheduled),
-            "runningSecs": int(running),
-            "totalSecs": int(end - self.created_at),
-        }
-
-    def to_wire(self, now: float) -> dict[str, Any]:
-        spec = self.spec
-        owner = {"id": self.owner_id, "name": self.namespace, "type": "user"}
-        data: dict[str, Any] = {
-            "id": self.id,
-            "createdAt": iso_z(self.created_at),
-            "startedAt": iso_z(self.started_at) if self.started_at else None,
-            "finishedAt": iso_z(self.finished_at) if self.finished_at else None,
-            "command": spec.command,
-            "arguments": spec.arguments,
-            "environment": spec.environment,
-            # The real API never returns secret values, only their names.
-            "secrets": sorted(spec.secrets),
-            "flavor": spec.flavor,
-            "labels": spec.labels,
-            "timeout": spec.timeout_seconds,
-            "status": {"stage": self.stage, "message": self.message},
-            "durations": self.durations(now),
-            "owner": owner,
-            "initiator": {"type": "user", "id": self.owner_id, "name": self.namespace},
-            "type": "job",
-        }
-        if spec.docker_image is not None:
-            data["dockerImage"] = spec.docker_image
-        if spec.space_id is not None:
-            data["spaceId"] = spec.space_id
-        if spec.volumes:
-            data["volumes"] = [v.to_wire() for v in spec.volumes]
-        if spec.attempts is not None:
-            data["retry"] = spec.attempts - 1
-        data.update(spec.extra)
-        return data
 
 
 @dataclass
@@ -275,15 +175,39 @@ class JobRunner:
         self._outputs.append((dest, source))
 
     def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
-        job, spec = self.job, self.job.spec
-        flavor = FLAVORS[spec.flavor]
         isolation = self.config.isolation
+        flavor = FLAVORS[self.job.spec.flavor]
         if isolation is not None:
             self.limits = isolation.limits(flavor)
+        env = self._environment()
+        if isolation is None or self.limits is None:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.work,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so cancel/timeout kill every descendant
+            )
+        else:
+            proc = self._spawn_jailed(isolation, self.limits, argv, env)
+        assert proc.stdout is not None
+        self._reader = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._reader.start()
+        # A separate waiter: the exit must be noticed even if a descendant keeps the pipe open.
+        threading.Thread(target=self._wait, args=(proc,), daemon=True).start()
+        return proc
+
+    def _environment(self) -> dict[str, str]:
+        """The job's whole environment: nothing of the emulator's own but PATH."""
+        job, spec = self.job, self.job.spec
+        flavor = FLAVORS[spec.flavor]
+        if self.limits is not None:
             flavor_env = self.limits.flavor_env(flavor.cpu_cores)
         else:
             flavor_env = {"CPU_CORES": str(flavor.cpu_cores), "MEMORY": flavor.ram.replace(" GB", "Gi")}
-        env = {
+        return {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "LANG": "C.UTF-8",
             "HOME": str(self.work),
@@ -296,51 +220,41 @@ class JobRunner:
             **flavor_env,
             "POSTTRAIN_ROOT": str(self.root),
         }
-        if isolation is None or self.limits is None:
-            proc = subprocess.Popen(
-                argv,
-                cwd=self.work,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, so cancel/timeout kill every descendant
-            )
-        else:
-            job.cgroup = isolation.job_cgroup(job.id, self.limits)
-            jail = isolation.jail_spec(
-                argv=argv,
-                env=env,
-                cwd=self.work,
-                job_dir=self.job_dir,
-                writable=[self.root, self.work],
-                read_only=self._read_only,
-                limits=self.limits,
-                cgroup=job.cgroup,
-            )
-            proc = subprocess.Popen(
-                # -I -S: the jail is standard library only, and must not pick up the host's site.
-                [sys.executable, "-I", "-S", JAIL_SCRIPT],
-                cwd="/",
-                env={"PATH": "/usr/bin:/bin"},
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            assert proc.stdin is not None
-            try:
-                with proc.stdin:
-                    proc.stdin.write(jail.to_json().encode())
-            except OSError:
-                proc.kill()
-                proc.wait()
-                raise
-        assert proc.stdout is not None
-        self._reader = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
-        self._reader.start()
-        # A separate waiter: the exit must be noticed even if a descendant keeps the pipe open.
-        threading.Thread(target=self._wait, args=(proc,), daemon=True).start()
+
+    def _spawn_jailed(
+        self, isolation: Isolation, limits: JobLimits, argv: list[str], env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        """The job under the jail (`jail.py`), in a cgroup of its own; the jail reads its spec on stdin."""
+        job = self.job
+        job.cgroup = isolation.job_cgroup(job.id, limits)
+        jail = isolation.jail_spec(
+            argv=argv,
+            env=env,
+            cwd=self.work,
+            job_dir=self.job_dir,
+            writable=[self.root, self.work],
+            read_only=self._read_only,
+            limits=limits,
+            cgroup=job.cgroup,
+        )
+        proc = subprocess.Popen(
+            # -I -S: the jail is standard library only, and must not pick up the host's site.
+            [sys.executable, "-I", "-S", JAIL_SCRIPT],
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None
+        try:
+            with proc.stdin:
+                proc.stdin.write(jail.to_json().encode())
+        except OSError:
+            proc.kill()
+            proc.wait()
+            raise
         return proc
 
     def _read(self, stream: IO[bytes]) -> None:
@@ -491,10 +405,3 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     # The group outlives its leader while members remain, so signal it even after the exit.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-
-
-def request_end(job: Job) -> None:
-    """Cancel or shutdown: the job's runner ends it (SIGTERM, then everything) and confirms it.
-    Call with the emulator's condition held."""
-    job.end_requested = True
-    job.wake.set()

@@ -18,7 +18,7 @@ from huggingface_hub import HfApi, HfFileSystem, JobInfo, Volume
 from huggingface_hub.errors import BadRequestError, HfHubHTTPError, JobNotFoundError
 
 from devstack.hf_emulator import FLAVORS, HfEmulator, routes
-from devstack.hf_emulator.emulator import REDACTED_TOKEN
+from devstack.hf_emulator.records import REDACTED_TOKEN
 
 IMAGE = "ghcr.io/example/launcher:1"
 TERMINAL = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
