@@ -286,13 +286,18 @@ def pods_operator(
         sys.stderr.write(op.logs()[-8000:])
 
 
-def test_operator_runs_a_job_as_a_pod_and_deleting_the_episode_removes_it(
-    kubectl: Kubectl, namespace: str, pods_operator: OperatorProcess
-) -> None:
+def running_pod_job(kubectl: Kubectl, namespace: str) -> dict[str, Any]:
+    """Episode ep1 on the pods backend, and its job job1 once the operator made its pod."""
     apply(kubectl, namespace, episode_manifest("ep1", backend="pods"))
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
     apply(kubectl, namespace, agentjob_manifest("job1", "ep1"))
-    job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Running"})
+    return wait_phase(kubectl, namespace, "agentjob", "job1", {"Running"})
+
+
+def test_operator_runs_a_job_as_a_pod_and_deleting_the_episode_removes_it(
+    kubectl: Kubectl, namespace: str, pods_operator: OperatorProcess
+) -> None:
+    job = running_pod_job(kubectl, namespace)
     ep_ns, pod_name = job["status"]["backendJobId"].split("/")
     assert ep_ns == episode_namespace("pt", namespace, "ep1")
     pod = kubectl_json(kubectl, "-n", ep_ns, "get", "pod", pod_name)
@@ -327,10 +332,7 @@ def test_operator_runs_a_job_as_a_pod_and_deleting_the_episode_removes_it(
 def test_the_operator_records_the_exit_code_of_a_pod_job(
     kubectl: Kubectl, namespace: str, pods_operator: OperatorProcess
 ) -> None:
-    apply(kubectl, namespace, episode_manifest("ep1", backend="pods"))
-    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
-    apply(kubectl, namespace, agentjob_manifest("job1", "ep1"))
-    job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Running"})
+    job = running_pod_job(kubectl, namespace)
     end_pod_as_the_kubelet_would(kubectl, job["status"]["backendJobId"], 3)
     job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Succeeded", "Failed"}, timeout=120)
     status = job["status"]
