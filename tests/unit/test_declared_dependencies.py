@@ -10,7 +10,11 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE_PACKAGES = [REPO / "operator" / "posttrain_operator", REPO / "env_gateway", REPO / "graders" / "tasks.py"]
+IMAGE_PACKAGES = [
+    REPO / "operator" / "posttrain_operator",
+    REPO / "env_gateway",
+    REPO / "graders" / "tasks.py",
+]
 FIRST_PARTY = {"posttrain_operator", "env_gateway", "graders"}
 
 
