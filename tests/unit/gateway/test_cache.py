@@ -18,7 +18,8 @@ def job(name: str, rv: int, phase: str = "Running", episode: str = "ep") -> dict
 
 
 def by_episode(obj: dict[str, Any]) -> str | None:
-    return obj["spec"].get("episode")
+    episode = obj["spec"].get("episode")
+    return episode if isinstance(episode, str) else None
 
 
 def test_an_older_version_never_replaces_a_newer_one() -> None:
