@@ -9,12 +9,13 @@ core. At each concurrency, one timed run per endpoint:
 
 - `GET /health`, the bare endpoint of the same app in the same server;
 - `POST /mcp` `tools/call jobs_status` (the OpenEnv dialect), the whole choke point: the token's
-  Episode, a durable step count (group-committed across concurrent callers), the AgentJob list;
+  Episode and the AgentJob list (from the gateway's watch-fed copies), a durable step count
+  (group-committed across concurrent callers: the call's one API request);
 - for reference, `GET /` of a one-route FastAPI app under the same uvicorn settings, started the
   same way: what uvicorn serves on this machine.
 
 Then the wake-up latency of `jobs_wait`: from the return of the status write that makes a job
-Succeeded to the answer of a call already blocked in its watch. No operator runs: the bench plays
+Succeeded to the answer of a call already blocked waiting for it. No operator runs: the bench plays
 its part by writing the Episode and AgentJobs itself.
 """
 
@@ -145,7 +146,7 @@ async def wakeups(
             wait = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
                     "params": {"name": "jobs_wait", "arguments": arguments}}  # fmt: skip
             waiting = asyncio.create_task(http.post("/mcp", json=wait))
-            await asyncio.sleep(1.0)  # the call is now inside its watch
+            await asyncio.sleep(1.0)  # the call is now waiting
             patch = json.dumps({"status": {"phase": "Succeeded"}})
             await asyncio.to_thread(
                 kubectl, state, "-n", namespace, "patch", "agentjob", f"w{i}", "--subresource=status",

@@ -4,7 +4,8 @@ gateway module that calls the API; refusals come out as `Refused`, never as the 
 Reads are served from watch-fed copies of the namespace's Episodes and AgentJobs (`cache.Store`, one
 `Mirror` per resource, started with the app), so a tool call waits on no API round trip but its step
 write. Every object the gateway reads or writes through the API goes into the copy as well, and the
-copy takes only newer versions: what one caller was shown is never followed by something older."""
+copy takes only newer versions: what one caller was shown is never followed by something older (within
+one process; the chart runs one replica)."""
 
 from __future__ import annotations
 
