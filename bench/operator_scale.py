@@ -89,6 +89,18 @@ async def create_episode(custom: client.CustomObjectsApi, namespace: str, name: 
     )  # fmt: skip
 
 
+async def start_episodes(custom: client.CustomObjectsApi, namespace: str, numbers: range, jobs: int) -> None:
+    """Create the Episodes and wait until every one has started: the bench measures admission, not
+    episode start-up."""
+    for e in numbers:
+        await create_episode(custom, namespace, f"ep{e:03d}", jobs)
+    while True:
+        listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
+        if all(i.get("status", {}).get("phase") in ("Running", "Completed") for i in listed["items"]):
+            return
+        await asyncio.sleep(1)
+
+
 async def create_and_time_admissions(
     api: client.ApiClient,
     namespace: str,
@@ -101,7 +113,9 @@ async def create_and_time_admissions(
 ) -> tuple[list[float], int]:
     """Create `episodes` Episodes, then `jobs` AgentJobs in each (at most `concurrency` creates in
     flight, `pace` seconds apart), and time each from its create call to the first status a watch
-    sees Admitted (or Running, or Rejected)."""
+    sees Admitted (or Running, or Rejected). One function on purpose (about 70 lines): the watch, the
+    creates and the clock share the `created`/`admitted` maps, and the watch must be up before the
+    first create so that no admission is missed."""
     custom = client.CustomObjectsApi(api)
     created: dict[str, float] = {}
     admitted: dict[str, float] = {}
@@ -140,14 +154,7 @@ async def create_and_time_admissions(
     watcher = asyncio.create_task(watch_jobs())
     await asyncio.sleep(0.5)
     numbers = range(first, first + episodes)
-    for e in numbers:
-        await create_episode(custom, namespace, f"ep{e:03d}", jobs)
-    # Let every episode start before any job arrives: this measures admission, not episode start-up.
-    while True:
-        listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
-        if all(i.get("status", {}).get("phase") in ("Running", "Completed") for i in listed["items"]):
-            break
-        await asyncio.sleep(1)
+    await start_episodes(custom, namespace, numbers, jobs)
     gate = asyncio.Semaphore(concurrency)
 
     async def create(e: int, j: int) -> None:
