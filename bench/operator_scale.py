@@ -135,11 +135,11 @@ async def create_and_time_admissions(
     async def watch_jobs() -> None:
         """Watch, and after any break (a 410, a dropped stream) re-list and watch on from there."""
         while not done.is_set():
-            listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs")
-            for obj in listed["items"]:
-                seen(obj)
             w = watch.Watch()
             try:
+                listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs")
+                for obj in listed["items"]:
+                    seen(obj)
                 async with w.stream(
                     custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentjobs",
                     resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=300,
@@ -148,8 +148,9 @@ async def create_and_time_admissions(
                         seen(event["object"])
                         if done.is_set():
                             return
-            except Exception as exc:  # a broken watch is re-established, never fatal
-                print(f"(watch restarted after {type(exc).__name__})", file=sys.stderr)
+            except Exception as exc:  # a failed list or a broken watch is retried, never fatal
+                print(f"(watch restarted after {type(exc).__name__}: {exc!s:.200})", file=sys.stderr)
+                await asyncio.sleep(1)
 
     watcher = asyncio.create_task(watch_jobs())
     await asyncio.sleep(0.5)
