@@ -9,12 +9,13 @@ core. At each concurrency, one timed run per endpoint:
 
 - `GET /health`, the bare endpoint of the same app in the same server;
 - `POST /mcp` `tools/call jobs_status` (the OpenEnv dialect), the whole choke point: the token's
-  Episode, a durable step count (group-committed across concurrent callers), the AgentJob list;
+  Episode and the AgentJob list (from the gateway's watch-fed copies), a durable step count
+  (group-committed across concurrent callers: the call's one API request);
 - for reference, `GET /` of a one-route FastAPI app under the same uvicorn settings, started the
   same way: what uvicorn serves on this machine.
 
 Then the wake-up latency of `jobs_wait`: from the return of the status write that makes a job
-Succeeded to the answer of a call already blocked in its watch. No operator runs: the bench plays
+Succeeded to the answer of a call already blocked waiting for it. No operator runs: the bench plays
 its part by writing the Episode and AgentJobs itself.
 """
 
@@ -145,7 +146,7 @@ async def wakeups(
             wait = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
                     "params": {"name": "jobs_wait", "arguments": arguments}}  # fmt: skip
             waiting = asyncio.create_task(http.post("/mcp", json=wait))
-            await asyncio.sleep(1.0)  # the call is now inside its watch
+            await asyncio.sleep(1.0)  # the call is now waiting
             patch = json.dumps({"status": {"phase": "Succeeded"}})
             await asyncio.to_thread(
                 kubectl, state, "-n", namespace, "patch", "agentjob", f"w{i}", "--subresource=status",
@@ -156,6 +157,43 @@ async def wakeups(
             seen.append(time.perf_counter() - written)
             assert answer["result"]["structuredContent"]["finished"], answer
     return seen
+
+
+def bench_episode(state: devcluster.ClusterState) -> tuple[str, str]:
+    """A fresh namespace with the Episode `bench` in it: (the namespace, the Episode's agent token)."""
+    kubectl(state, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    kubectl(state, "create", "namespace", namespace)
+    token = secrets.token_urlsafe(32)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    episode = {
+        "apiVersion": "posttrain.dev/v1alpha1", "kind": "Episode", "metadata": {"name": "bench"},
+        "spec": {"task": "t0_artifact", "budgetUSD": "1", "backend": "hf-jobs",
+                 "limits": {"maxSteps": 100000}, "agentTokenHash": digest},
+    }  # fmt: skip
+    kubectl(state, "-n", namespace, "apply", "-f", "-", input=json.dumps(episode))
+    return namespace, token
+
+
+def report(rows: list[tuple[int, Run, Run, Run]], woke: list[float]) -> None:
+    print(f"{'clients':>7}  {'reference req/s':>15} {'p99':>7}  {'/health req/s':>13} {'p50':>6} {'p99':>7}"
+          f"  {'jobs_status req/s':>17} {'p50':>6} {'p99':>7}  {'ratio':>5}")  # fmt: skip
+    for c, ref, bare, tool in rows:
+        print(f"{c:>7}  {ref.rate:>15.0f} {ref.p99_ms:>6.1f}ms  {bare.rate:>13.0f} {bare.p50_ms:>5.1f}ms"
+              f" {bare.p99_ms:>6.1f}ms  {tool.rate:>17.0f} {tool.p50_ms:>5.1f}ms {tool.p99_ms:>6.1f}ms"
+              f"  {tool.rate / bare.rate:>5.2f}")  # fmt: skip
+        if ref.errors or bare.errors or tool.errors:
+            print(
+                f"         errors: reference {ref.errors}, /health {bare.errors}, jobs_status {tool.errors}"
+            )
+    calm = [r for r in rows if r[2].p99_ms < 10]
+    if calm:
+        c, _, bare, tool = calm[-1]
+        print(f"at {c} clients (the most with /health p99 under 10 ms): jobs_status p99 "
+              f"{tool.p99_ms:.1f} ms, {tool.rate / bare.rate:.2f}x the bare endpoint's rate")  # fmt: skip
+    woke.sort()
+    print(f"jobs_wait wake-up after the status write returned: p50 {woke[len(woke) // 2] * 1000:.1f} ms, "
+          f"max {woke[-1] * 1000:.1f} ms (n={len(woke)})")  # fmt: skip
 
 
 def main() -> None:
@@ -172,17 +210,7 @@ def main() -> None:
     if state is None:
         raise SystemExit(f"no devstack cluster {opts.devstack!r}: make cluster-up")
     hey_binary()
-    kubectl(state, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    namespace = f"bench-{uuid.uuid4().hex[:8]}"
-    kubectl(state, "create", "namespace", namespace)
-    token = secrets.token_urlsafe(32)
-    digest = hashlib.sha256(token.encode()).hexdigest()
-    episode = {
-        "apiVersion": "posttrain.dev/v1alpha1", "kind": "Episode", "metadata": {"name": "bench"},
-        "spec": {"task": "t0_artifact", "budgetUSD": "1", "backend": "hf-jobs",
-                 "limits": {"maxSteps": 100000}, "agentTokenHash": digest},
-    }  # fmt: skip
-    kubectl(state, "-n", namespace, "apply", "-f", "-", input=json.dumps(episode))
+    namespace, token = bench_episode(state)
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     (work / "token").write_text("unused")
     env = {
@@ -208,24 +236,7 @@ def main() -> None:
     finally:
         kubectl(state, "delete", "namespace", namespace, "--wait=false")
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'clients':>7}  {'reference req/s':>15} {'p99':>7}  {'/health req/s':>13} {'p50':>6} {'p99':>7}"
-          f"  {'jobs_status req/s':>17} {'p50':>6} {'p99':>7}  {'ratio':>5}")  # fmt: skip
-    for c, ref, bare, tool in rows:
-        print(f"{c:>7}  {ref.rate:>15.0f} {ref.p99_ms:>6.1f}ms  {bare.rate:>13.0f} {bare.p50_ms:>5.1f}ms"
-              f" {bare.p99_ms:>6.1f}ms  {tool.rate:>17.0f} {tool.p50_ms:>5.1f}ms {tool.p99_ms:>6.1f}ms"
-              f"  {tool.rate / bare.rate:>5.2f}")  # fmt: skip
-        if ref.errors or bare.errors or tool.errors:
-            print(
-                f"         errors: reference {ref.errors}, /health {bare.errors}, jobs_status {tool.errors}"
-            )
-    calm = [r for r in rows if r[2].p99_ms < 10]
-    if calm:
-        c, _, bare, tool = calm[-1]
-        print(f"at {c} clients (the most with /health p99 under 10 ms): jobs_status p99 "
-              f"{tool.p99_ms:.1f} ms, {tool.rate / bare.rate:.2f}x the bare endpoint's rate")  # fmt: skip
-    woke.sort()
-    print(f"jobs_wait wake-up after the status write returned: p50 {woke[len(woke) // 2] * 1000:.1f} ms, "
-          f"max {woke[-1] * 1000:.1f} ms (n={len(woke)})")  # fmt: skip
+    report(rows, woke)
 
 
 if __name__ == "__main__":

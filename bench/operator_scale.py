@@ -89,6 +89,18 @@ async def create_episode(custom: client.CustomObjectsApi, namespace: str, name: 
     )  # fmt: skip
 
 
+async def start_episodes(custom: client.CustomObjectsApi, namespace: str, numbers: range, jobs: int) -> None:
+    """Create the Episodes and wait until every one has started: the bench measures admission, not
+    episode start-up."""
+    for e in numbers:
+        await create_episode(custom, namespace, f"ep{e:03d}", jobs)
+    while True:
+        listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
+        if all(i.get("status", {}).get("phase") in ("Running", "Completed") for i in listed["items"]):
+            return
+        await asyncio.sleep(1)
+
+
 async def create_and_time_admissions(
     api: client.ApiClient,
     namespace: str,
@@ -101,7 +113,9 @@ async def create_and_time_admissions(
 ) -> tuple[list[float], int]:
     """Create `episodes` Episodes, then `jobs` AgentJobs in each (at most `concurrency` creates in
     flight, `pace` seconds apart), and time each from its create call to the first status a watch
-    sees Admitted (or Running, or Rejected)."""
+    sees Admitted (or Running, or Rejected). One function on purpose (about 70 lines): the watch, the
+    creates and the clock share the `created`/`admitted` maps, and the watch must be up before the
+    first create so that no admission is missed."""
     custom = client.CustomObjectsApi(api)
     created: dict[str, float] = {}
     admitted: dict[str, float] = {}
@@ -121,11 +135,11 @@ async def create_and_time_admissions(
     async def watch_jobs() -> None:
         """Watch, and after any break (a 410, a dropped stream) re-list and watch on from there."""
         while not done.is_set():
-            listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs")
-            for obj in listed["items"]:
-                seen(obj)
             w = watch.Watch()
             try:
+                listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "agentjobs")
+                for obj in listed["items"]:
+                    seen(obj)
                 async with w.stream(
                     custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "agentjobs",
                     resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=300,
@@ -134,20 +148,14 @@ async def create_and_time_admissions(
                         seen(event["object"])
                         if done.is_set():
                             return
-            except Exception as exc:  # a broken watch is re-established, never fatal
-                print(f"(watch restarted after {type(exc).__name__})", file=sys.stderr)
+            except Exception as exc:  # a failed list or a broken watch is retried, never fatal
+                print(f"(watch restarted after {type(exc).__name__}: {exc!s:.200})", file=sys.stderr)
+                await asyncio.sleep(1)
 
     watcher = asyncio.create_task(watch_jobs())
     await asyncio.sleep(0.5)
     numbers = range(first, first + episodes)
-    for e in numbers:
-        await create_episode(custom, namespace, f"ep{e:03d}", jobs)
-    # Let every episode start before any job arrives: this measures admission, not episode start-up.
-    while True:
-        listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
-        if all(i.get("status", {}).get("phase") in ("Running", "Completed") for i in listed["items"]):
-            break
-        await asyncio.sleep(1)
+    await start_episodes(custom, namespace, numbers, jobs)
     gate = asyncio.Semaphore(concurrency)
 
     async def create(e: int, j: int) -> None:

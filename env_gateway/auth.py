@@ -94,6 +94,9 @@ class Authenticator:
                 return EpisodeView.parse(body)
             self._by_hash.pop(digest, None)
         matches = [b for b in await self.kube.list_episodes(self.settings.namespace) if _matches(b, digest)]
+        if not matches:  # an Episode made a moment ago elsewhere may not be in the mirror yet
+            listed = await self.kube.list_episodes(self.settings.namespace, fresh=True)
+            matches = [b for b in listed if _matches(b, digest)]
         if len(matches) != 1:
             # Zero: unknown or revoked. Several: refuse rather than guess (a token binds to one episode).
             raise AuthFailure(401, "invalid_token", "the token belongs to no episode")

@@ -71,10 +71,11 @@ class Episodes:
         self.broker = broker
         self.auth = auth
         self.clock = clock
-        self.steps = StepCounter(kube.get_episode, kube.set_steps, lambda b: EpisodeView.parse(b).max_steps)
+        self.steps = StepCounter(kube.read_episode, kube.set_steps, lambda b: EpisodeView.parse(b).max_steps)
 
-    async def load(self, ref: EpisodeRef) -> EpisodeView:
-        body = await self.kube.get_episode(ref.namespace, ref.name)
+    async def load(self, ref: EpisodeRef, *, fresh: bool = False) -> EpisodeView:
+        read = self.kube.read_episode if fresh else self.kube.get_episode
+        body = await read(ref.namespace, ref.name)
         if body is None:
             raise ToolFailure("episode_not_found", f"episode {ref.name!r} no longer exists")
         return EpisodeView.parse(body)
@@ -102,9 +103,11 @@ class Episodes:
             except StepLimitReached as exc:
                 raise ToolFailure("step_limit_reached", str(exc)) from exc
             episode = EpisodeView.parse(written)
+            if episode.done:  # it ended after the (mirrored) copy the limits were checked on
+                self._check_limits(episode)
             result = await spec.run(ToolContext(self.kube, self.broker, self.settings, episode), args)
-            if name not in READ_ONLY:
-                episode = await self.load(episode.ref)
+            if name not in READ_ONLY:  # what the tool changed, from the API server if it wrote
+                episode = await self.load(episode.ref, fresh=not spec.read_only)
             payload = result if isinstance(result, dict) else result.model_dump(mode="json")
             return self._outcome(episode, name, result=payload)
         except ToolFailure as failure:
@@ -218,15 +221,10 @@ class Episodes:
             return status.get("phase") not in (None, "Pending") or blocked
 
         meta = body["metadata"]
-        seen = await self.kube.watch_until(
-            meta["namespace"],
-            "episodes",
-            meta["name"],
-            meta["resourceVersion"],
-            self.settings.reset_start_wait_seconds,
-            decided,
+        seen = await self.kube.wait_for(
+            meta["namespace"], "episodes", meta["name"], decided, self.settings.reset_start_wait_seconds
         )
-        body = seen or await self.kube.get_episode(meta["namespace"], meta["name"]) or body
+        body = seen or body
         status = body.get("status") or {}
         blocking = [
             c

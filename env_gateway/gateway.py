@@ -24,13 +24,15 @@ class Gateway:
 @contextlib.asynccontextmanager
 async def open_gateway(settings: GatewaySettings, kube: Kube | None = None) -> AsyncIterator[Gateway]:
     """The gateway and its clients (Kubernetes, the operator's broker), closed on the way out; a `kube`
-    given by the caller stays the caller's."""
+    given by the caller stays the caller's. Yields once the namespace's Episodes and AgentJobs are
+    mirrored (so the app is not ready before it can answer from them)."""
     own_kube = kube is None
     k = kube or Kube(await make_api_client(settings.kubeconfig))
     broker = BrokerClient(settings.broker_url, settings.broker_token_file)
     auth = Authenticator(settings, k)
     try:
-        yield Gateway(settings, auth, Episodes(settings, k, broker, auth))
+        async with k.mirrored(settings.namespace):
+            yield Gateway(settings, auth, Episodes(settings, k, broker, auth))
     finally:
         await broker.close()
         if own_kube:

@@ -1,16 +1,26 @@
 """The gateway's Kubernetes access: Episodes and AgentJobs only (it never reads Secrets). The only
-gateway module that calls the API; refusals come out as `Refused`, never as the client's exceptions."""
+gateway module that calls the API; refusals come out as `Refused`, never as the client's exceptions.
+
+Reads are served from watch-fed copies of the namespace's Episodes and AgentJobs (`cache.Store`, one
+`Mirror` per resource, started with the app), so a tool call waits on no API round trip but its step
+write. Every object the gateway reads or writes through the API goes into the copy as well, and the
+copy takes only newer versions: what one caller was shown is never followed by something older (within
+one process; the chart runs one replica)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import GROUP, VERSION
+
+from env_gateway.cache import Store, wait_until
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -34,10 +44,7 @@ class Refused(Exception):
         return cls(exc.status, f"{exc.body!s:.500}")
 
 
-class WatchExpired(Exception):
-    """The watch's resourceVersion is too old (410): read the object afresh and watch again."""
-
-
+log = logging.getLogger(__name__)
 # A 429 means the API server refused the request before acting on it (API Priority and Fairness,
 # or a resource's storage still initializing just after its CRD was established), so any request,
 # a write too, can be sent again once the server's Retry-After has passed.
@@ -83,35 +90,180 @@ def _retry_after(exc: ApiException) -> float:
     return min(max(seconds, 0.1), MAX_RETRY_AFTER_SECONDS)
 
 
+# How long one watch request runs before the server ends it and the mirror watches on from where it
+# was (no new list); and the backoff bounds between failed attempts while the API server is away.
+WATCH_SECONDS = 240
+RETRY_MIN_SECONDS = 0.5
+RETRY_MAX_SECONDS = 30.0
+
+
+class Mirror:
+    """One resource of one namespace, listed once and then watched into `store` (one watch per gateway
+    process). A watch the server ends is resumed from the last version seen; a version the server no
+    longer has (410, "too old") is answered by a fresh list, which replaces the store's content."""
+
+    def __init__(self, custom: client.CustomObjectsApi, namespace: str, plural: str, store: Store) -> None:
+        self.custom = custom
+        self.namespace = namespace
+        self.plural = plural
+        self.store = store
+        self.version: str | None = None  # where the next watch resumes; None: list first
+        self.lists = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"mirror-{self.plural}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                if self.version is None:
+                    await self._list()
+                await self._watch()
+                failures = 0
+            except ApiException as exc:
+                if exc.status == 410:  # the server forgot our version: only a new list can tell
+                    log.info("%s watch expired (%s); listing again", self.plural, exc.reason)
+                    self.version = None
+                    continue
+                failures += 1
+                log.warning("%s watch failed (%s %s); retrying", self.plural, exc.status, exc.reason)
+            except Exception as exc:  # the connection: the server restarting, a network blip
+                failures += 1
+                log.warning("%s watch failed (%r); retrying", self.plural, exc)
+            if failures:
+                await asyncio.sleep(min(RETRY_MAX_SECONDS, RETRY_MIN_SECONDS * 2 ** min(failures, 8)))
+
+    async def _list(self) -> None:
+        listed = await self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, self.plural)
+        self.lists += 1
+        version: str = listed["metadata"]["resourceVersion"]
+        self.store.replace(listed["items"], version)
+        self.version = version
+
+    async def _watch(self) -> None:
+        w = watch.Watch()
+        try:
+            stream = w.stream(
+                self.custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                self.plural,
+                resource_version=self.version,
+                timeout_seconds=WATCH_SECONDS,
+                allow_watch_bookmarks=True,
+            )
+            async for event in stream:
+                obj: Obj = event["raw_object"]
+                kind = event["type"]
+                if kind == "DELETED":
+                    self.store.delete(obj)
+                elif kind in ("ADDED", "MODIFIED"):
+                    self.store.upsert(obj)
+                self.version = obj["metadata"]["resourceVersion"]  # bookmarks too: a cheaper resume
+        finally:
+            w.stop()
+            with contextlib.suppress(Exception):
+                await w.close()
+
+
+def _episode_of(job: Obj) -> str | None:
+    episode = (job.get("spec") or {}).get("episode")
+    return episode if isinstance(episode, str) else None
+
+
 class Kube:
+    """The API, with the namespace's Episodes and AgentJobs mirrored once `mirrored` runs. Reads of the
+    mirrored namespace come from the copies (an object they don't hold is read from the API, unless the
+    copy saw it deleted); `read_episode` always asks the API server."""
+
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
+        self.episodes = Store()
+        self.agentjobs = Store(index_of=_episode_of)
+        self.mirrors: dict[str, Mirror] = {}
+        self.namespace: str | None = None
 
     async def close(self) -> None:
         await self.api_client.close()
 
-    async def _get(self, namespace: str, plural: str, name: str) -> Obj | None:
+    @contextlib.asynccontextmanager
+    async def mirrored(self, namespace: str) -> AsyncIterator[Kube]:
+        """Mirror `namespace`'s Episodes and AgentJobs; entered once both copies are complete (the app
+        is ready only then), left with both watches stopped."""
+        self.namespace = namespace
+        self.mirrors = {
+            plural: Mirror(self.custom, namespace, plural, store)
+            for plural, store in (("episodes", self.episodes), ("agentjobs", self.agentjobs))
+        }
+        try:
+            for mirror in self.mirrors.values():
+                mirror.start()
+            await asyncio.gather(self.episodes.synced.wait(), self.agentjobs.synced.wait())
+            yield self
+        finally:
+            for mirror in self.mirrors.values():
+                await mirror.stop()
+            self.namespace = None
+
+    def _store(self, namespace: str, plural: str) -> Store | None:
+        if namespace != self.namespace:
+            return None
+        return self.episodes if plural == "episodes" else self.agentjobs
+
+    def _keep(self, namespace: str, plural: str, obj: Obj) -> Obj:
+        """What the API server just answered goes into the copy; returns the newest the copy holds."""
+        store = self._store(namespace, plural)
+        if store is None or obj.get("kind") == "Status":
+            return obj
+        return store.upsert(obj)
+
+    async def _get(self, namespace: str, plural: str, name: str, *, fresh: bool = False) -> Obj | None:
+        store = self._store(namespace, plural)
+        if store is not None and not fresh:
+            held = store.get(name)
+            if held is not None or store.known_gone(name):
+                return held
         try:
             obj: Obj = await self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return obj
+        return self._keep(namespace, plural, obj)
 
     async def get_episode(self, namespace: str, name: str) -> Obj | None:
         return await self._get(namespace, "episodes", name)
 
+    async def read_episode(self, namespace: str, name: str) -> Obj | None:
+        """The Episode as the API server has it now (after a lost compare-and-swap, or a write)."""
+        return await self._get(namespace, "episodes", name, fresh=True)
+
     async def get_agentjob(self, namespace: str, name: str) -> Obj | None:
         return await self._get(namespace, "agentjobs", name)
 
-    async def list_episodes(self, namespace: str) -> list[Obj]:
+    async def list_episodes(self, namespace: str, *, fresh: bool = False) -> list[Obj]:
+        store = self._store(namespace, "episodes")
+        if store is not None and not fresh:
+            return store.values()
         found = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
-        items: list[Obj] = found["items"]
-        return items
+        return [self._keep(namespace, "episodes", o) for o in found["items"]]
 
     async def list_agentjobs(self, namespace: str, episode: str) -> list[Obj]:
+        store = self._store(namespace, "agentjobs")
+        if store is not None:
+            return store.by_index(episode)
         # By spec.episode, the truth (a selectable field of the CRD), not by label: the operator
         # labels a job only once it admits it.
         found = await self.custom.list_namespaced_custom_object(
@@ -119,6 +271,18 @@ class Kube:
         )
         items: list[Obj] = found["items"]
         return items
+
+    async def wait_for(
+        self, namespace: str, plural: str, name: str, done: Callable[[Obj], bool], seconds: float
+    ) -> Obj | None:
+        """The object once `done(obj)` holds, else as it is after `seconds`; None if it is gone. Woken
+        by the mirror's watch (no polling, no watch of its own)."""
+        store = self._store(namespace, plural)
+        if store is None:
+            raise RuntimeError(f"{namespace}: not a mirrored namespace")
+        if store.get(name) is None and await self._get(namespace, plural, name) is None:
+            return None
+        return await wait_until(store, name, done, seconds)
 
     async def create(self, namespace: str, plural: str, body: Obj) -> Obj:
         """Raises Refused when the schema refuses the object (400/422)."""
@@ -130,7 +294,7 @@ class Kube:
             if exc.status in (400, 422):
                 raise Refused.of(exc) from exc
             raise
-        return created
+        return self._keep(namespace, plural, created)
 
     async def _patch_episode(
         self, namespace: str, name: str, body: Any, content_type: str, *, status: bool
@@ -146,6 +310,7 @@ class Kube:
             body,
             _content_type=content_type,  # type: ignore[call-arg]
         )
+        self._keep(namespace, "episodes", patched)
         return patched
 
     async def merge_patch_episode(self, namespace: str, name: str, patch: Obj) -> Obj:
@@ -160,10 +325,14 @@ class Kube:
 
     async def delete_episode(self, namespace: str, name: str) -> None:
         try:
-            await self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "episodes", name)
+            answer = await self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, "episodes", name
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            return
+        self._deleted(namespace, "episodes", answer)
 
     async def set_steps(self, namespace: str, name: str, current: Obj, steps: int) -> Obj:
         """Write status.steps only if nobody changed it since `current` was read (else Conflict)."""
@@ -192,61 +361,22 @@ class Kube:
 
     async def delete_agentjob(self, namespace: str, name: str) -> bool:
         try:
-            await self.custom.delete_namespaced_custom_object(
+            answer = await self.custom.delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, "agentjobs", name, propagation_policy="Background"
             )
         except ApiException as exc:
             if exc.status == 404:
                 return False
             raise
+        self._deleted(namespace, "agentjobs", answer)
         return True
 
-    async def watch_until(
-        self, namespace: str, plural: str, name: str, resource_version: str, seconds: float, done: Any
-    ) -> Obj | None:
-        """Watch one object from `resource_version` until `done(obj)` or the timeout; no polling.
-        Returns the last version seen that satisfied `done`, or None on timeout/deletion."""
-        w = watch.Watch()
-        try:
-            async with asyncio.timeout(seconds):
-                while True:
-                    stream = w.stream(
-                        self.custom.list_namespaced_custom_object,
-                        GROUP,
-                        VERSION,
-                        namespace,
-                        plural,
-                        field_selector=f"metadata.name={name}",
-                        resource_version=resource_version,
-                        timeout_seconds=max(1, int(seconds) + 1),
-                        allow_watch_bookmarks=False,
-                    )
-                    try:
-                        async for event in stream:
-                            obj: Obj = event["object"]
-                            if event["type"] == "DELETED":
-                                return None
-                            if event["type"] == "ERROR":
-                                raise WatchExpired(str(obj)[:200])
-                            resource_version = obj["metadata"]["resourceVersion"]
-                            if done(obj):
-                                return obj
-                    except ApiException as exc:
-                        if exc.status != 410:
-                            raise
-                        # An object unchanged for longer than the server keeps history has a
-                        # resourceVersion too old to watch from: restart from the list's, which is now.
-                        listed = await self.custom.list_namespaced_custom_object(
-                            GROUP, VERSION, namespace, plural, field_selector=f"metadata.name={name}"
-                        )
-                        if not listed["items"]:
-                            return None
-                        if done(listed["items"][0]):
-                            return dict(listed["items"][0])
-                        resource_version = listed["metadata"]["resourceVersion"]
-        except TimeoutError:
-            return None
-        finally:
-            w.stop()
-            with contextlib.suppress(Exception):
-                await w.close()
+    def _deleted(self, namespace: str, plural: str, answer: Any) -> None:
+        """A delete's answer: the object still finalizing (deletionTimestamp set), or gone."""
+        store = self._store(namespace, plural)
+        if store is None or not isinstance(answer, dict) or answer.get("kind") == "Status":
+            return
+        if answer.get("metadata", {}).get("deletionTimestamp"):
+            store.upsert(answer)
+        else:
+            store.delete(answer)

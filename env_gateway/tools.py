@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ from pydantic import BaseModel
 from env_gateway.broker import BrokerClient, BrokerError
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
-from env_gateway.kube import Kube, Refused, WatchExpired
+from env_gateway.kube import Kube, Refused
 from env_gateway.schemas import (
     Args,
     CancelResult,
@@ -130,19 +129,10 @@ def _phase(job: dict[str, Any]) -> str:
 async def _wait_for(
     ctx: ToolContext, name: str, job: dict[str, Any], done: Callable[[dict[str, Any]], bool], seconds: float
 ) -> dict[str, Any]:
-    """Watch (never poll) until `done(job)` or the timeout; returns the newest version seen."""
-    deadline = time.monotonic() + seconds
-    while not done(job) and (left := deadline - time.monotonic()) > 0:
-        rv = job["metadata"]["resourceVersion"]
-        try:
-            seen = await ctx.kube.watch_until(ctx.episode.namespace, "agentjobs", name, rv, left, done)
-        except WatchExpired:  # our resourceVersion is too old: re-read, then watch on
-            seen = None
-        else:
-            if seen is None:  # the timeout, or the job was deleted: one last read decides
-                return await ctx.kube.get_agentjob(ctx.episode.namespace, name) or job
-        job = seen or await ctx.kube.get_agentjob(ctx.episode.namespace, name) or job
-    return job
+    """Until `done(job)` or the timeout (woken by the mirror's watch); the newest version seen, or the
+    last one if the job went away meanwhile."""
+    seen = await ctx.kube.wait_for(ctx.episode.namespace, "agentjobs", name, done, seconds)
+    return seen or job
 
 
 # --- the tools ---------------------------------------------------------------------------------
@@ -234,18 +224,14 @@ async def jobs_wait(ctx: ToolContext, args: JobsWaitArgs) -> WaitResult:
     if args.job is None:
         body = ep.body
         if body.get("status", {}).get("phase") not in ENDED_PHASES:
-            try:
-                seen = await ctx.kube.watch_until(
-                    ep.namespace,
-                    "episodes",
-                    ep.name,
-                    body["metadata"]["resourceVersion"],
-                    timeout,
-                    lambda e: (e.get("status") or {}).get("phase") in ENDED_PHASES,
-                )
-            except WatchExpired:
-                seen = None
-            body = seen or await ctx.kube.get_episode(ep.namespace, ep.name) or body
+            seen = await ctx.kube.wait_for(
+                ep.namespace,
+                "episodes",
+                ep.name,
+                lambda e: (e.get("status") or {}).get("phase") in ENDED_PHASES,
+                timeout,
+            )
+            body = seen or body
         status = body.get("status") or {}
         return WaitResult(
             finished=status.get("phase") in ENDED_PHASES,

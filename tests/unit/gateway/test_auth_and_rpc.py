@@ -43,7 +43,9 @@ class EpisodeStore:
     async def get_episode(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.episodes.get(name) if namespace == "ns" else None
 
-    async def list_episodes(self, namespace: str) -> list[dict[str, Any]]:
+    read_episode = get_episode
+
+    async def list_episodes(self, namespace: str, *, fresh: bool = False) -> list[dict[str, Any]]:
         self.lists += 1
         return list(self.episodes.values()) if namespace == "ns" else []
 
