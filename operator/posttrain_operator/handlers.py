@@ -23,7 +23,7 @@ from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.episode import finalize_episode, reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
-from posttrain_operator.runtime import build_context
+from posttrain_operator.runtime import build_context, check_backends
 
 EPISODES = (GROUP, VERSION, "episodes")
 AGENTJOBS = (GROUP, VERSION, "agentjobs")
@@ -35,14 +35,23 @@ def _namespaced(namespace: str | None) -> str:
     return namespace
 
 
-async def _run(step: Awaitable[Any]) -> None:
-    """Transient failures become kopf retries; the reconcilers are idempotent, so a retry is safe."""
+MAX_RETRY_DELAY = 300.0
+
+
+def backoff(base: float, attempt: int) -> float:
+    """Doubling delays from `base`, capped: a cause that persists costs a few calls an hour."""
+    return float(min(MAX_RETRY_DELAY, base * 2 ** min(attempt, 16)))
+
+
+async def _run(step: Awaitable[Any], retry: int) -> None:
+    """Transient failures become kopf retries with backoff; the reconcilers are idempotent, so a retry
+    is safe. kopf logs these without a traceback."""
     try:
         await step
     except Retry as exc:
-        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+        raise kopf.TemporaryError(str(exc), delay=backoff(exc.delay, retry)) from exc
     except (Conflict, BackendError) as exc:
-        raise kopf.TemporaryError(str(exc), delay=5) from exc
+        raise kopf.TemporaryError(str(exc), delay=backoff(5, retry)) from exc
 
 
 @kopf.on.startup()
@@ -62,6 +71,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.WARNING
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     memo.ctx = await build_context(config)
+    await check_backends(memo.ctx)
     memo.active = ActiveJobs()
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
     memo.broker = await broker.serve(memo.ctx)
@@ -80,9 +90,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.create(*AGENTJOBS)
 @kopf.on.resume(*AGENTJOBS)
 async def agentjob_reconcile(
-    namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+    namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any
 ) -> None:
-    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name, observed=dict(body)))
+    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name, observed=dict(body)), retry)
 
 
 @kopf.on.event(*AGENTJOBS)
@@ -110,15 +120,29 @@ async def episode_tick(
     stopped: kopf.DaemonStopped,
     **_: Any,
 ) -> None:
+    tick = memo.ctx.settings.episode_tick_seconds
+    failures = 0
     while not stopped:
+        delay = tick
         try:
             # The body kopf keeps current from the watch: an idle tick costs no API call. kopf swaps in
             # each event's body whole and never edits one, so a shallow snapshot is enough (a deep
             # copy, managed fields and all, cost three times the tick's own work).
             await reconcile_episode(memo.ctx, _namespaced(namespace), name, dict(body))
+            failures = 0
+        except (Retry, Conflict, BackendError, LookupError) as exc:
+            failures += 1
+            delay = backoff(tick, failures)
+            log.warning("episode %s/%s: %s; retrying in %.0fs", namespace, name, exc, delay)
         except Exception:
-            log.exception("reconciling episode %s/%s failed; retrying", namespace, name)
-        await stopped.wait(memo.ctx.settings.episode_tick_seconds)
+            # A bug: its traceback once, then one line per (backed-off) retry.
+            failures += 1
+            delay = backoff(tick, failures)
+            if failures == 1:
+                log.exception("reconciling episode %s/%s failed; retrying in %.0fs", namespace, name, delay)
+            else:
+                log.warning("episode %s/%s failed again; retrying in %.0fs", namespace, name, delay)
+        await stopped.wait(delay)
 
 
 @kopf.on.delete(*EPISODES)

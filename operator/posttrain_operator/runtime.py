@@ -7,7 +7,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from posttrain_operator.backends.base import Backend
+from posttrain_operator.backends.base import Backend, Health, SupportsHealthCheck
 from posttrain_operator.backends.hf_jobs import HfJobsBackend, HfJobsConfig, install_client_timeout
 from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
 from posttrain_operator.config import OperatorSettings
@@ -107,3 +107,18 @@ async def build_context(settings: OperatorSettings) -> Context:
         settings=settings,
         emit=EventRecorder(kube, settings.instance),
     )
+
+
+async def check_backends(ctx: Context) -> None:
+    """Each backend's credentials, checked once at start-up: logged (never the token), reported by the
+    broker's /healthz, and set as a condition on Episodes that start on that backend."""
+    for name, backend in ctx.backends.items():
+        if isinstance(backend, SupportsHealthCheck):
+            health = await backend.check()
+        else:
+            health = Health(None, "no credentials to check")
+        ctx.health[name] = health
+        if health.ok:
+            log.info("backend %s: %s", name, health.message)
+        else:
+            log.warning("backend %s is not usable (%s): %s", name, health.reason, health.message)
