@@ -15,16 +15,17 @@ from posttrain_operator.reconcile.admission import reconcile_agentjob
 from posttrain_operator.reconcile.episode import reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 
-from tests.unit.operator.test_reconcilers import NS, World, started
+from tests.unit.operator.test_reconcilers import NS, World, make_world, started
 
 
 @pytest.fixture
-def world(plain_world: World) -> World:
+def world() -> World:
     """The reconcilers' world, with the Events they emit kept as (kind, reason)."""
+    made = make_world()
     events: list[tuple[str, str]] = []
-    plain_world.ctx.emit = lambda body, _type, reason, _message: events.append((body["kind"], reason))
-    plain_world.events = events  # type: ignore[attr-defined]
-    return plain_world
+    made.ctx.emit = lambda body, _type, reason, _message: events.append((body["kind"], reason))
+    made.events = events  # type: ignore[attr-defined]
+    return made
 
 
 def _reasons(world: World, kind: str) -> list[str]:
