@@ -27,6 +27,11 @@ class OperatorSettings(BaseSettings):
     # HF Jobs. The token comes from a Secret through the environment and never leaves this process.
     hf_endpoint: str = "https://huggingface.co"
     hf_token: SecretStr | None = None
+    # Set (by the chart) when HF Jobs is meant to run: then a missing or empty token is reported as
+    # such rather than silently leaving the backend off. Unset: enabled exactly when a token is given.
+    hf_jobs_enabled: bool | None = None
+    # Where the token comes from, for messages (e.g. "Secret hf-token, key token"); never the token.
+    hf_token_source: str = "POSTTRAIN_HF_TOKEN"
     hf_namespace: str | None = None
     hf_image: str = "ghcr.io/posttrain-operator/launcher:0.1.0"
     hf_bucket: str | None = None  # "<namespace>/<bucket>"; defaults to "<hf_namespace>/posttrain-outputs"
@@ -70,7 +75,7 @@ class OperatorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _hf_needs_a_namespace(self) -> OperatorSettings:
-        if self.hf_token is not None and not self.hf_namespace:
+        if self.hf_enabled and not self.hf_namespace:
             raise ValueError(
                 "POSTTRAIN_HF_NAMESPACE is required with POSTTRAIN_HF_TOKEN (never guessed by whoami)"
             )
@@ -87,7 +92,13 @@ class OperatorSettings(BaseSettings):
 
     @property
     def hf_enabled(self) -> bool:
-        return self.hf_token is not None
+        return self.hf_token is not None if self.hf_jobs_enabled is None else self.hf_jobs_enabled
+
+    @property
+    def hf_token_value(self) -> str | None:
+        """The token, or None when it is missing or blank (an empty Secret key counts as missing)."""
+        token = self.hf_token.get_secret_value().strip() if self.hf_token is not None else ""
+        return token or None
 
     @property
     def hf_bucket_id(self) -> str:

@@ -136,8 +136,12 @@ def test_hf_token_is_only_a_secret_reference_and_only_the_operator_gets_it() -> 
     assert find(docs, "Secret") == []
     operator = container_env(main_container(docs, f"{FULL}-operator"))
     assert operator["POSTTRAIN_HF_TOKEN"] == {
-        "name": "POSTTRAIN_HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+        "name": "POSTTRAIN_HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}},
     }  # fmt: skip
+    # A missing Secret is reported by the running operator, not a pod stuck before start.
+    assert operator["POSTTRAIN_HF_JOBS_ENABLED"]["value"] == "true"
+    assert "hf-token" in operator["POSTTRAIN_HF_TOKEN_SOURCE"]["value"]
     assert operator["POSTTRAIN_HF_NAMESPACE"]["value"] == "acme"
     gateway = container_env(main_container(docs, f"{FULL}-gateway"))
     refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in gateway.values() if "valueFrom" in e]

@@ -9,11 +9,19 @@ from typing import Any
 
 import pytest
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.backends.base import BACKEND_UNREACHABLE, CREDENTIALS_REJECTED, BackendError, Health
+from posttrain_operator.backends.base import (
+    BACKEND_UNREACHABLE,
+    CREDENTIALS_MISSING,
+    CREDENTIALS_REJECTED,
+    BackendError,
+    Health,
+)
+from posttrain_operator.config import OperatorSettings
 from posttrain_operator.handlers import MAX_RETRY_DELAY, backoff
 from posttrain_operator.reconcile.admission import reconcile_agentjob
 from posttrain_operator.reconcile.episode import reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
+from posttrain_operator.runtime import build_backends
 
 from tests.unit.operator.test_reconcilers import NS, World, make_world, started
 
@@ -119,3 +127,23 @@ def test_retries_back_off_to_a_cap() -> None:
     delays = [backoff(5, attempt) for attempt in range(12)]
     assert delays[:4] == [5, 10, 20, 40]
     assert delays == sorted(delays) and delays[-1] == MAX_RETRY_DELAY
+
+
+@pytest.mark.parametrize("token", [None, "", "  \n"], ids=["no-secret", "empty-key", "blank-key"])
+async def test_hf_jobs_enabled_without_a_token_reports_its_secret_and_refuses_calls(
+    token: str | None,
+) -> None:
+    env: dict[str, Any] = {"hf_jobs_enabled": True, "hf_namespace": "acme",
+                           "hf_token_source": "Secret posttrain-system/hf-token, key token"}  # fmt: skip
+    if token is not None:
+        env["hf_token"] = token
+    backends = build_backends(OperatorSettings(**env))
+    health = await backends["hf-jobs"].check()  # type: ignore[attr-defined]
+    assert health.reason == CREDENTIALS_MISSING and "hf-token, key token" in health.message
+    with pytest.raises(BackendError) as refused:
+        await backends["hf-jobs"].price("cpu-basic")
+    assert refused.value.reason == CREDENTIALS_MISSING and not refused.value.transient
+
+
+def test_hf_jobs_stays_off_without_the_flag_or_a_token() -> None:
+    assert build_backends(OperatorSettings()) == {}
