@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from posttrain_operator.api import crds
 
@@ -38,3 +39,23 @@ def test_no_spec_keeps_unknown_fields() -> None:
         schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         assert _walk(schema["properties"]["spec"]) == []
         assert schema["properties"]["spec"]["x-kubernetes-validations"]
+
+
+def _undescribed(node: dict[str, Any], path: str) -> list[str]:
+    missing = []
+    for key, child in (node.get("properties") or {}).items():
+        if not child.get("description"):
+            missing.append(f"{path}.{key}")
+        missing += _undescribed(child, f"{path}.{key}")
+    if isinstance(node.get("items"), dict):
+        missing += _undescribed(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        missing += _undescribed(node["additionalProperties"], f"{path}{{}}")
+    return missing
+
+
+def test_every_spec_and_status_field_is_described_for_kubectl_explain() -> None:
+    for name, crd in crds.render().items():
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for part in ("spec", "status"):
+            assert _undescribed(schema["properties"][part], part) == [], name
