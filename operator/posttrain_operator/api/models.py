@@ -7,9 +7,9 @@ camelCase (the aliases).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from posttrain_operator.api.money import USD_PATTERN
@@ -28,6 +28,15 @@ MAX_ORPHANS = 1000
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
+
+def within_script_bytes(script: str) -> str:
+    """The script limit is in bytes (UTF-8), at every layer: a character can take four."""
+    if len(script.encode("utf-8", "surrogatepass")) > MAX_SCRIPT_BYTES:
+        raise ValueError(f"script is larger than {MAX_SCRIPT_BYTES} bytes (UTF-8)")
+    return script
+
+
+Script = Annotated[str, AfterValidator(within_script_bytes)]
 Backend = Literal["hf-jobs", "pods"]
 EpisodePhase = Literal["Pending", "Running", "Scoring", "Completed", "Failed"]
 Outcome = Literal["Scored", "LimitReached", "GraderFailed", "Cancelled"]
@@ -237,7 +246,7 @@ class AgentJobSpec(ApiModel):
         max_length=253, pattern=NAME_PATTERN, description="episode names the owning Episode."
     )
     purpose: Purpose = Field(description="purpose is train, devEval, or score (score: operator only).")
-    script: str = Field(
+    script: Script = Field(
         default="",
         max_length=MAX_SCRIPT_BYTES,
         description="script is the Python source the launcher runs (train jobs).",

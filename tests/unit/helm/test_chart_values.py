@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.helm.chart import HF_VALUES, render, render_error
+from tests.unit.helm.chart import CHART, HF_VALUES, render, render_error, run_helm
 
 
 @pytest.mark.parametrize(
@@ -24,11 +24,13 @@ from tests.unit.helm.chart import HF_VALUES, render, render_error
         ({"networkPolicy": {"gatewayIngressFrom": [{"podSelektor": {}}]}}, "podSelektor"),
         ({"pods": {"storeVolume": {"persistentVolumeClaim": {"claimName": "x"}}}}, "persistentVolumeClaim"),
         ({"admissionPolicy": {"namespaceSelector": {"matchLabel": {"a": "b"}}}}, "matchLabel"),
+        # In-tree cephfs volumes were removed in Kubernetes 1.31, the chart's minimum.
+        ({"pods": {"storeVolume": {"cephfs": {"monitors": ["10.0.0.1:6789"]}}}}, "cephfs"),
     ],
     ids=[
         "unknown-top-level", "unknown-nested", "token-value-in-values", "secret-value-beside-ref",
         "orchestrator-token-value", "bad-pull-policy", "bad-namespace", "unknown-resource",
-        "typo-in-network-peer", "store-cannot-be-a-pvc", "typo-in-label-selector",
+        "typo-in-network-peer", "store-cannot-be-a-pvc", "typo-in-label-selector", "no-cephfs-store",
     ],
 )  # fmt: skip
 def test_schema_refuses(values: dict[str, Any], complaint: str) -> None:
@@ -78,3 +80,11 @@ def test_schema_accepts_a_full_platform_install() -> None:
 )
 def test_preflight_refuses_contradictions(values: dict[str, Any], message: str) -> None:
     assert message in render_error(values)
+
+
+def test_kubernetes_before_1_31_is_refused() -> None:
+    """AgentJobs are listed by field selector (selectableFields), on by default from 1.31."""
+    proc = run_helm("template", "r", str(CHART), "--kube-version", "1.30.9")
+    assert proc.returncode != 0
+    assert "kubeVersion" in proc.stderr and ">=1.31" in proc.stderr, proc.stderr
+    assert run_helm("template", "r", str(CHART), "--kube-version", "1.31.0").returncode == 0
