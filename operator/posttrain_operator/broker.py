@@ -105,6 +105,8 @@ async def healthz(request: web.Request) -> web.Response:
     """Ready unless a backend's credentials are refused or missing (a transient outage is not a
     reason to take the operator out of its Service); each backend's last check in the body."""
     ctx = request.app[CTX_KEY]
+    if ctx.standby:  # out of the Service: the broker answers from the leader only
+        return web.json_response({"status": "standby"}, status=503)
     backends = {
         name: {"ok": h.ok, "reason": h.reason, "message": h.message} for name, h in ctx.health.items()
     }
@@ -113,11 +115,17 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response(body, status=503 if refused else 200)
 
 
+async def livez(_: web.Request) -> web.Response:
+    """Alive, leader or standby (kopf's own liveness endpoint starts only once this one leads)."""
+    return web.json_response({"status": "alive"})
+
+
 def make_app(ctx: Context) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[CTX_KEY] = ctx
     app[REVIEWS_KEY] = {}
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/livez", livez)
     app.router.add_get("/v1/namespaces/{namespace}/agentjobs/{name}/logs", logs)
     app.router.add_get("/v1/namespaces/{namespace}/agentjobs/{name}/artifacts", artifacts)
     return app

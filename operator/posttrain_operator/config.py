@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from pydantic import Field, SecretStr, model_validator
@@ -65,6 +67,14 @@ class OperatorSettings(BaseSettings):
         default_factory=lambda: ["system:serviceaccount:posttrain-system:posttrain-gateway"]
     )
 
+    # One active replica per release: the Lease it holds (namespace unset: no election, for a single
+    # process such as the devstack's). Others stand by and take over when it stops renewing.
+    leader_election_namespace: str | None = None
+    leader_election_name: str = "posttrain-operator"
+    leader_election_identity: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    lease_duration_seconds: float = Field(default=15.0, ge=2)
+    lease_renew_seconds: float = Field(default=5.0, gt=0)
+
     poll_interval_seconds: float = Field(default=10.0, gt=0)
     episode_tick_seconds: float = Field(default=2.0, gt=0)
     orphan_retry_initial_seconds: float = Field(default=5.0, gt=0)
@@ -79,6 +89,12 @@ class OperatorSettings(BaseSettings):
             raise ValueError(
                 "POSTTRAIN_HF_NAMESPACE is required with POSTTRAIN_HF_TOKEN (never guessed by whoami)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _renew_well_within_the_lease(self) -> OperatorSettings:
+        if self.lease_renew_seconds * 2 > self.lease_duration_seconds:
+            raise ValueError("POSTTRAIN_LEASE_RENEW_SECONDS must be at most half of the lease duration")
         return self
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable
 from typing import Any
 
@@ -18,6 +19,7 @@ from posttrain_operator.api.models import GROUP, VERSION
 from posttrain_operator.backends.base import BackendError
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Conflict
+from posttrain_operator.leader import Leadership
 from posttrain_operator.reconcile.admission import reconcile_agentjob
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.episode import finalize_episode, reconcile_episode
@@ -36,6 +38,7 @@ def _namespaced(namespace: str | None) -> str:
 
 
 MAX_RETRY_DELAY = 300.0
+LOST_LEADERSHIP_EXIT = 75
 
 
 def backoff(base: float, attempt: int) -> float:
@@ -71,18 +74,44 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.WARNING
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     memo.ctx = await build_context(config)
+    memo.leadership = None
+    if config.leader_election_namespace:
+        # kopf watches nothing until this handler returns: a standby replica waits right here.
+        memo.ctx.standby = True
+        memo.broker = await broker.serve(memo.ctx)
+        memo.leadership = Leadership(
+            memo.ctx.kube, config.leader_election_namespace, config.leader_election_name,
+            config.leader_election_identity, config.lease_duration_seconds, config.lease_renew_seconds,
+        )  # fmt: skip
+        await memo.leadership.acquire(retry_every=config.lease_renew_seconds)
+        memo.ctx.standby = False
+        memo.keeper = asyncio.create_task(memo.leadership.keep(on_lost=_lost_leadership))
+    else:
+        memo.broker = await broker.serve(memo.ctx)
     await check_backends(memo.ctx)
     memo.active = ActiveJobs()
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
-    memo.broker = await broker.serve(memo.ctx)
     log.info("posttrain-operator started with backends: %s", ", ".join(memo.ctx.backends) or "none")
+
+
+def _lost_leadership(why: str) -> None:
+    """Another replica may be acting already: stop at once, without a graceful shutdown that would
+    keep reconciling (the Deployment restarts this one as a standby)."""
+    log.critical("lost the leader's Lease (%s); exiting", why)
+    logging.shutdown()
+    os._exit(LOST_LEADERSHIP_EXIT)
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    memo.poller.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await memo.poller
+    for task in (memo.poller, getattr(memo, "keeper", None)):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if memo.leadership is not None:
+        with contextlib.suppress(Exception):  # best effort: otherwise the Lease simply expires
+            await memo.leadership.release()
     await memo.broker.cleanup()
     await memo.ctx.kube.close()
 

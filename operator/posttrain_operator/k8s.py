@@ -204,6 +204,38 @@ class Kube:
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         await self.core.create_namespaced_event(namespace, event)  # type: ignore[arg-type]
 
+    # --- the leader's Lease (coordination.k8s.io): plain dicts in and out ----------------------------
+
+    def _leases(self) -> client.CoordinationV1Api:
+        assert self.api_client is not None, "Leases need a connected client"
+        return client.CoordinationV1Api(self.api_client)
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        assert self.api_client is not None
+        try:
+            lease = await self._leases().read_namespaced_lease(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body: dict[str, Any] = self.api_client.sanitize_for_serialization(lease)
+        return body
+
+    async def write_lease(self, namespace: str, body: dict[str, Any]) -> bool:
+        """Create the Lease (no resourceVersion) or replace it (compare-and-swap on its
+        resourceVersion); False when another writer got there first."""
+        try:
+            if body["metadata"].get("resourceVersion"):
+                name = body["metadata"]["name"]
+                await self._leases().replace_namespaced_lease(name, namespace, body)  # type: ignore[arg-type]
+            else:
+                await self._leases().create_namespaced_lease(namespace, body)  # type: ignore[arg-type]
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
     async def review_token(self, token: str) -> str | None:
         """The username a bearer token authenticates as (TokenReview), or None if it is rejected."""
         review = await self.auth.create_token_review(

@@ -54,6 +54,8 @@ class Context:
     emit: EventSink = _no_events
     # Each backend's credential check, from start-up, updated when a call is refused.
     health: dict[str, Health] = field(default_factory=dict)
+    # True while another replica holds the leader's Lease: this one acts on nothing.
+    standby: bool = False
 
     def set_condition(
         self,
