@@ -141,7 +141,7 @@ async def reconcile_episode(
             if spec.submission is not None:
                 await _start_scoring(ctx, body, spec, status, task)
             else:
-                end = limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task))
+                end = await _limit(ctx, spec, status, task)
                 if end is not None:
                     await end_episode(ctx, body, end)
         elif status.phase == "Scoring":
@@ -169,7 +169,16 @@ async def _idle(ctx: Context, observed: dict[str, Any]) -> bool:
         return False
     if spec.submission is not None:
         return False
-    return limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task)) is None
+    return await _limit(ctx, spec, status, task) is None
+
+
+async def _limit(ctx: Context, spec: EpisodeSpec, status: EpisodeStatus, task: Task) -> End | None:
+    """The limits in force; the step and wall-time limits first, so a backend that does not answer
+    a price lookup never delays them. The budget limit needs a price only when no job runs."""
+    end = limit_reached(spec, status, task, ctx.clock(), None)
+    if end is not None or jobs_running(status.ledger):
+        return end
+    return limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task))
 
 
 def _has_unsettled_jobs(status: EpisodeStatus) -> bool:
