@@ -105,13 +105,13 @@ async def healthz(request: web.Request) -> web.Response:
     """Ready unless a backend's credentials are refused or missing (a transient outage is not a
     reason to take the operator out of its Service); each backend's last check in the body."""
     ctx = request.app[CTX_KEY]
-    if ctx.standby:  # out of the Service: the broker answers from the leader only
-        return web.json_response({"status": "standby"}, status=503)
     backends = {
         name: {"ok": h.ok, "reason": h.reason, "message": h.message} for name, h in ctx.health.items()
     }
     refused = [name for name, h in ctx.health.items() if h.reason in CREDENTIAL_REASONS]
-    body = {"status": "unavailable" if refused else "ok", "backends": backends}
+    # A standby is ready too (its broker only reads), so rollouts and `helm --wait` complete.
+    role = "standby" if ctx.standby else "leader"
+    body = {"status": "unavailable" if refused else "ok", "role": role, "backends": backends}
     return web.json_response(body, status=503 if refused else 200)
 
 

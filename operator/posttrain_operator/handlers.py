@@ -74,6 +74,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.WARNING
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     memo.ctx = await build_context(config)
+    await check_backends(memo.ctx)
     memo.leadership = None
     if config.leader_election_namespace:
         # kopf watches nothing until this handler returns: a standby replica waits right here.
@@ -88,7 +89,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         memo.keeper = asyncio.create_task(memo.leadership.keep(on_lost=_lost_leadership))
     else:
         memo.broker = await broker.serve(memo.ctx)
-    await check_backends(memo.ctx)
     memo.active = ActiveJobs()
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
     log.info("posttrain-operator started with backends: %s", ", ".join(memo.ctx.backends) or "none")
