@@ -27,7 +27,7 @@ import yaml
 from devstack import cluster
 from devstack.build import log
 from devstack.hf_emulator.repos import remove_tree
-from devstack.paths import run_root
+from devstack.paths import bin_dir, run_root
 
 if TYPE_CHECKING:
     from graders.assets import LocalRepo
@@ -146,6 +146,9 @@ def up() -> StackState:
     _kubectl(kube, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     for ns in (SYSTEM_NAMESPACE, DEMO_NAMESPACE):
         _kubectl(kube, "create", "namespace", ns, check=False)
+    # The namespace the local operator watches is the kubeconfig's default, so the README's plain
+    # `kubectl apply -f examples/...` lands where it is reconciled.
+    _kubectl(kube, "config", "set-context", "--current", f"--namespace={DEMO_NAMESPACE}")
     _kubectl(kube, "-n", SYSTEM_NAMESPACE, "create", "serviceaccount", GATEWAY_SA, check=False)
     log("building or reusing the task assets (tiny model, datasets)")
     assets = materialize_assets(progress=lambda message: log(message))
@@ -297,7 +300,8 @@ def down(keep_cluster: bool = False) -> None:
 def describe(state: StackState) -> str:
     return "\n".join(
         [
-            f"export KUBECONFIG={state.kubeconfig}",
+            f"export KUBECONFIG={state.kubeconfig} PATH={bin_dir()}:$PATH"
+            f"   # kubectl, helm; namespace {DEMO_NAMESPACE}",
             f"gateway            {state.gateway_url}   (MCP at {state.gateway_url}/mcp, OpenEnv /ws)",
             f"orchestrator token {state.orchestrator_token}",
             f"HF Jobs emulator   {state.emulator_url}",

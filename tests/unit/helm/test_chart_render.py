@@ -124,8 +124,12 @@ def test_operator_runs_kopf_with_liveness_and_probes(default_docs: list[dict[str
     env = container_env(container)
     assert env["POSTTRAIN_LEADER_ELECTION_NAMESPACE"]["value"] == NAMESPACE
     assert env["POSTTRAIN_LEADER_ELECTION_NAME"]["value"] == f"{FULL}-operator"
-    assert env["POSTTRAIN_LEADER_ELECTION_IDENTITY"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert one(render({"operator": {"replicas": 2}}), "Deployment", f"{FULL}-operator")["spec"]["replicas"] == 2
+    assert env["POSTTRAIN_LEADER_ELECTION_IDENTITY"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}
+    }
+    assert (
+        one(render({"operator": {"replicas": 2}}), "Deployment", f"{FULL}-operator")["spec"]["replicas"] == 2
+    )
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "broker"}
     watched = render({"operator": {"watchNamespaces": [NAMESPACE, "b"]}})
     args = one(watched, "Deployment", f"{FULL}-operator")["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -3,11 +3,13 @@ with a message that says how to fix them."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.unit.helm.chart import CHART, HF_VALUES, render, render_error, run_helm
+from tests.unit.helm.chart import CHART, HF_VALUES, PODS, render, render_error, run_helm
 
 
 @pytest.mark.parametrize(
@@ -88,3 +90,18 @@ def test_kubernetes_before_1_31_is_refused() -> None:
     assert proc.returncode != 0
     assert "kubeVersion" in proc.stderr and ">=1.31" in proc.stderr, proc.stderr
     assert run_helm("template", "r", str(CHART), "--kube-version", "1.31.0").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "values", [HF_VALUES, {"pods": PODS, "gateway": {"defaultBackend": "pods"}}],
+    ids=["hf-jobs", "pods"],
+)  # fmt: skip
+def test_notes_name_example_files_that_exist(values: dict[str, Any]) -> None:
+    proc = run_helm("install", "r", str(CHART), "--dry-run=client", values=values)
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    named = re.findall(r"examples/[\w.-]+\.yaml", notes)
+    assert named and all((CHART.parents[1] / path).is_file() for path in named), named
+    for path in named:  # the episode the notes wait on is the one the file creates
+        name = yaml.safe_load((CHART.parents[1] / path).read_text())["metadata"]["name"]
+        assert f"episode/{name}" in notes
