@@ -128,7 +128,9 @@ def release(
             audit_offset=audit_offset,
         )
     finally:
-        helm(cluster, "uninstall", name, "--namespace", namespace, "--wait=false")
+        # No hooks: the pre-delete safeguard's Job needs a node, which the devstack has not (its
+        # command is run as a process by test_uninstall).
+        helm(cluster, "uninstall", name, "--namespace", namespace, "--wait=false", "--no-hooks")
 
 
 def deployment_container(kubectl: Kubectl, release: Release, component: str) -> dict[str, Any]:
