@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import GROUP, VERSION
+from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -48,10 +50,15 @@ MAX_RETRY_AFTER_SECONDS = 5.0
 async def make_api_client(kubeconfig: str | None) -> client.ApiClient:
     cfg = client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
+    token_file: str | Path | None
     if path:
         await config.load_kube_config(config_file=path, client_configuration=cfg)
+        token_file = kubeconfig_token_file(path)
     else:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        token_file = IN_CLUSTER_TOKEN
+    if token_file is not None:  # reread as it rotates (kubernetes_asyncio reads a tokenFile once)
+        cfg.refresh_api_key_hook = RereadTokenFile(token_file)
     api_client = client.ApiClient(configuration=cfg)
     _retry_too_many_requests(api_client.rest_client)
     return api_client

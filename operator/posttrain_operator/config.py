@@ -75,6 +75,10 @@ class OperatorSettings(BaseSettings):
     lease_duration_seconds: float = Field(default=15.0, ge=2)
     lease_renew_seconds: float = Field(default=5.0, gt=0)
 
+    # How long kopf keeps the credentials it logged in with before logging in again (rereading a
+    # rotated ServiceAccount token, or a kubeconfig's tokenFile) rather than waiting for a 401.
+    credentials_refresh_seconds: float = Field(default=60.0, gt=0)
+
     poll_interval_seconds: float = Field(default=10.0, gt=0)
     episode_tick_seconds: float = Field(default=2.0, gt=0)
     orphan_retry_initial_seconds: float = Field(default=5.0, gt=0)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Awaitable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -55,6 +57,17 @@ async def _run(step: Awaitable[Any], retry: int) -> None:
         raise kopf.TemporaryError(str(exc), delay=backoff(exc.delay, retry)) from exc
     except (Conflict, BackendError) as exc:
         raise kopf.TemporaryError(str(exc), delay=backoff(5, retry)) from exc
+
+
+@kopf.on.login()
+async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own login (kubernetes_asyncio: in-cluster, else KUBECONFIG), with an expiry: kopf logs
+    in again once it passes, so a rotated token is picked up before the old one is refused."""
+    info = await kopf.login_via_async_client(**kwargs)
+    if info is None:
+        return None
+    refresh = timedelta(seconds=OperatorSettings().credentials_refresh_seconds)
+    return dataclasses.replace(info, expiration=datetime.now(UTC) + refresh)
 
 
 @kopf.on.startup()

@@ -5,15 +5,18 @@ of the operator (the pods backend aside, which owns its own objects) calls the A
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, EpisodeStatus, status_of
+from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
 
 MERGE_PATCH = "application/merge-patch+json"
 # In the API server's audit log, the reconcilers' calls (kopf's own carry "kopf/<version>").
@@ -38,11 +41,19 @@ class EpisodeUpdate(Generic[T]):
 
 
 async def make_api_client() -> client.ApiClient:
+    """In the pod: its ServiceAccount; elsewhere: KUBECONFIG. Either way a token file is reread as it
+    rotates (the in-cluster token, or the kubeconfig's tokenFile)."""
+    cfg = client.Configuration()
+    token_file: str | Path | None
     try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        token_file = IN_CLUSTER_TOKEN
     except config.ConfigException:
-        await config.load_kube_config()
-    api_client = client.ApiClient()
+        await config.load_kube_config(client_configuration=cfg)
+        token_file = kubeconfig_token_file(os.environ.get("KUBECONFIG") or Path.home() / ".kube" / "config")
+    if token_file is not None:
+        cfg.refresh_api_key_hook = RereadTokenFile(token_file)
+    api_client = client.ApiClient(configuration=cfg)
     api_client.user_agent = USER_AGENT
     return api_client
 
