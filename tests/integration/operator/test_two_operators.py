@@ -63,9 +63,9 @@ def test_one_operator_acts_and_the_standby_takes_over_when_it_is_killed(
                 stack.enter_context(running_operator(cluster, emulator, tmp_path / name, namespace, **env))
             )
         leader = wait_for(lambda: next((op for op in ops if LEADER in op.current_log()), None),
-                          timeout=60, what="one operator to take the Lease")  # fmt: skip
+                          timeout=180, what="one operator to take the Lease")  # fmt: skip
         standby = next(op for op in ops if op is not leader)
-        wait_for(lambda: "standing by" in standby.current_log(), timeout=60, what="the other to stand by")
+        wait_for(lambda: "standing by" in standby.current_log(), timeout=120, what="the other to stand by")
         assert _role(leader) == "leader" and _role(standby) == "standby" and _alive(standby)
         lease = json.loads(
             kubectl("-n", namespace, "get", "lease", "posttrain-operator", "-o", "json").stdout
@@ -81,7 +81,7 @@ def test_one_operator_acts_and_the_standby_takes_over_when_it_is_killed(
         assert LEADER not in standby.current_log()
 
         leader.kill()
-        wait_for(lambda: LEADER in standby.current_log(), timeout=60, what="the standby to take over")
+        wait_for(lambda: LEADER in standby.current_log(), timeout=120, what="the standby to take over")
         assert _role(standby) == "leader"
         apply(kubectl, namespace, agentjob_manifest("job2", "ep1"))
         wait_phase(kubectl, namespace, "agentjob", "job2", {"Succeeded"}, timeout=90)
