@@ -27,7 +27,7 @@ import yaml
 from devstack import cluster
 from devstack.build import log
 from devstack.hf_emulator.repos import remove_tree
-from devstack.paths import run_root
+from devstack.paths import KUBERNETES_VERSION, bin_dir, run_root
 
 if TYPE_CHECKING:
     from graders.assets import LocalRepo
@@ -36,7 +36,17 @@ REPO = Path(__file__).resolve().parents[1]
 HF_NAMESPACE = "posttrain-dev"
 BUCKET = f"{HF_NAMESPACE}/posttrain-outputs"
 SYSTEM_NAMESPACE = "posttrain-system"
-GATEWAY_SA = "posttrain-gateway"
+# The chart's release as `make up` installs its cluster-level part (fullname "posttrain-operator").
+RELEASE = "posttrain-operator"
+OPERATOR_SA = f"{RELEASE}-operator"
+GATEWAY_SA = f"{RELEASE}-gateway"
+CHART = REPO / "helm" / "posttrain-operator"
+# What `make up` takes from the chart: identities, RBAC and admission, so the local stack refuses what
+# a cluster with the chart refuses. Deployments, Services and NetworkPolicies stay with processes here.
+CLUSTER_LEVEL_KINDS = frozenset({
+    "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+})  # fmt: skip
 DEMO_NAMESPACE = "posttrain-demo"
 
 
@@ -146,7 +156,10 @@ def up() -> StackState:
     _kubectl(kube, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     for ns in (SYSTEM_NAMESPACE, DEMO_NAMESPACE):
         _kubectl(kube, "create", "namespace", ns, check=False)
-    _kubectl(kube, "-n", SYSTEM_NAMESPACE, "create", "serviceaccount", GATEWAY_SA, check=False)
+    # The namespace the local operator watches is the kubeconfig's default, so the README's plain
+    # `kubectl apply -f examples/...` lands where it is reconciled.
+    _kubectl(kube, "config", "set-context", "--current", f"--namespace={DEMO_NAMESPACE}")
+    _install_chart_cluster_objects(kube)
     log("building or reusing the task assets (tiny model, datasets)")
     assets = materialize_assets(progress=lambda message: log(message))
 
@@ -156,7 +169,7 @@ def up() -> StackState:
     pids: dict[str, int] = {}
     try:
         emulator_url, hf_token = _start_emulator(pids, base_env, data_dir, assets)
-        broker_url = _start_operator(pids, base_env, emulator_url, hf_token)
+        broker_url = _start_operator(pids, base_env, kube, emulator_url, hf_token)
         gateway_url, orchestrator_token = _start_gateway(pids, base_env, kube, broker_url)
     except BaseException:
         cluster.stop_pids(list(pids.values()))
@@ -173,6 +186,31 @@ def up() -> StackState:
     _state_path().write_text(json.dumps(asdict(state), indent=2))
     _state_path().chmod(0o600)
     return state
+
+
+def chart_cluster_objects() -> list[dict[str, Any]]:
+    """The chart rendered as `make up`'s release: the operator watching the demo namespace, where the
+    gateway creates Episodes; only the cluster-level kinds, and no hooks."""
+    proc = subprocess.run(
+        [str(bin_dir() / "helm"), "template", RELEASE, str(CHART), f"--namespace={SYSTEM_NAMESPACE}",
+         f"--kube-version={KUBERNETES_VERSION}", f"--set=operator.watchNamespaces={{{DEMO_NAMESPACE}}}",
+         f"--set=gateway.episodeNamespace={DEMO_NAMESPACE}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise cluster.ClusterError(f"helm template: {proc.stderr.strip()}")
+    return [
+        d for d in yaml.safe_load_all(proc.stdout)
+        if d and d["kind"] in CLUSTER_LEVEL_KINDS
+        and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})
+    ]  # fmt: skip
+
+
+def _install_chart_cluster_objects(kube: cluster.ClusterState) -> None:
+    objects = chart_cluster_objects()
+    _kubectl(
+        kube, "apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(objects)
+    )
 
 
 def _start_emulator(
@@ -200,13 +238,23 @@ def _start_emulator(
     return emulator_url, hf_token
 
 
-def _start_operator(pids: dict[str, int], base_env: dict[str, str], emulator_url: str, hf_token: str) -> str:
-    """Its broker's URL."""
+def _start_operator(
+    pids: dict[str, int],
+    base_env: dict[str, str],
+    kube: cluster.ClusterState,
+    emulator_url: str,
+    hf_token: str,
+) -> str:
+    """Its broker's URL. It runs as the chart's operator ServiceAccount, with the chart's RBAC."""
     logs = run_root() / "stack-logs"
+    sa_kubeconfig = cluster.mint_service_account_kubeconfig(
+        kube, SYSTEM_NAMESPACE, OPERATOR_SA, run_root() / "operator-sa.kubeconfig", duration="24h"
+    )
     broker_port = cluster.free_port()
     gateway_user = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{GATEWAY_SA}"
     operator_env = dict(
         base_env,
+        KUBECONFIG=str(sa_kubeconfig),
         POSTTRAIN_HF_ENDPOINT=emulator_url,
         POSTTRAIN_HF_TOKEN=hf_token,
         POSTTRAIN_HF_NAMESPACE=HF_NAMESPACE,
@@ -244,6 +292,7 @@ def _start_gateway(
     gateway_port = cluster.free_port()
     gateway_env = dict(
         base_env,
+        KUBECONFIG=str(sa_kubeconfig),  # the chart's gateway identity: its Role in the demo namespace
         GATEWAY_NAMESPACE=DEMO_NAMESPACE,
         GATEWAY_ORCHESTRATOR_TOKEN=orchestrator_token,
         GATEWAY_BROKER_URL=broker_url,
@@ -288,7 +337,12 @@ def down(keep_cluster: bool = False) -> None:
         with contextlib.suppress(FileNotFoundError):
             _state_path().unlink()
         remove_tree(Path(state.data_dir))
-    for leftover in ("gateway-sa.kubeconfig", "gateway-sa.token", "hf-emulator.token"):
+    for leftover in (
+        "gateway-sa.kubeconfig",
+        "operator-sa.kubeconfig",
+        "gateway-sa.token",
+        "hf-emulator.token",
+    ):
         (run_root() / leftover).unlink(missing_ok=True)
     if not keep_cluster:
         cluster.down()
@@ -297,7 +351,8 @@ def down(keep_cluster: bool = False) -> None:
 def describe(state: StackState) -> str:
     return "\n".join(
         [
-            f"export KUBECONFIG={state.kubeconfig}",
+            f"export KUBECONFIG={state.kubeconfig} PATH={bin_dir()}:$PATH"
+            f"   # kubectl, helm; namespace {DEMO_NAMESPACE}",
             f"gateway            {state.gateway_url}   (MCP at {state.gateway_url}/mcp, OpenEnv /ws)",
             f"orchestrator token {state.orchestrator_token}",
             f"HF Jobs emulator   {state.emulator_url}",

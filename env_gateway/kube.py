@@ -14,11 +14,13 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import GROUP, VERSION
+from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
 
 from env_gateway.cache import Store, wait_until
 
@@ -55,10 +57,15 @@ MAX_RETRY_AFTER_SECONDS = 5.0
 async def make_api_client(kubeconfig: str | None) -> client.ApiClient:
     cfg = client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
+    token_file: str | Path | None
     if path:
         await config.load_kube_config(config_file=path, client_configuration=cfg)
+        token_file = kubeconfig_token_file(path)
     else:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        token_file = IN_CLUSTER_TOKEN
+    if token_file is not None:  # reread as it rotates (kubernetes_asyncio reads a tokenFile once)
+        cfg.refresh_api_key_hook = RereadTokenFile(token_file)
     api_client = client.ApiClient(configuration=cfg)
     _retry_too_many_requests(api_client.rest_client)
     return api_client

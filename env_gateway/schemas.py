@@ -10,6 +10,7 @@ from posttrain_operator.api.models import (
     MAX_PACKAGES,
     MAX_REQUIREMENT_CHARS,
     MAX_SCRIPT_BYTES,
+    Script,
 )
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -32,8 +33,10 @@ class NoArgs(Args):
 
 
 class SubmitJobArgs(Args):
-    script: str = Field(
-        min_length=1, max_length=MAX_SCRIPT_BYTES, description="Python source the job runs (<= 256 KiB)."
+    script: Script = Field(
+        min_length=1,
+        max_length=MAX_SCRIPT_BYTES,
+        description="Python source the job runs (<= 256 KiB, UTF-8).",
     )
     packages: list[Requirement] = Field(
         default_factory=list, max_length=MAX_PACKAGES, description="pip requirements, wheels only."

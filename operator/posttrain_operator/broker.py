@@ -19,7 +19,7 @@ from aiohttp import web
 
 from posttrain_operator.api.models import AgentJobStatus, status_of
 from posttrain_operator.backends.base import BackendError
-from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.context import CREDENTIAL_REASONS, Context
 from posttrain_operator.reconcile.jobs import handle_of
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,23 @@ async def artifacts(request: web.Request) -> web.Response:
     return web.json_response({"artifacts": [{"path": a.path, "size": a.size} for a in found[:1000]]})
 
 
-async def healthz(_: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+async def healthz(request: web.Request) -> web.Response:
+    """Ready unless a backend's credentials are refused or missing (a transient outage is not a
+    reason to take the operator out of its Service); each backend's last check in the body."""
+    ctx = request.app[CTX_KEY]
+    backends = {
+        name: {"ok": h.ok, "reason": h.reason, "message": h.message} for name, h in ctx.health.items()
+    }
+    refused = [name for name, h in ctx.health.items() if h.reason in CREDENTIAL_REASONS]
+    # A standby is ready too (its broker only reads), so rollouts and `helm --wait` complete.
+    role = "standby" if ctx.standby else "leader"
+    body = {"status": "unavailable" if refused else "ok", "role": role, "backends": backends}
+    return web.json_response(body, status=503 if refused else 200)
+
+
+async def livez(_: web.Request) -> web.Response:
+    """Alive, leader or standby (kopf's own liveness endpoint starts only once this one leads)."""
+    return web.json_response({"status": "alive"})
 
 
 def make_app(ctx: Context) -> web.Application:
@@ -110,6 +125,7 @@ def make_app(ctx: Context) -> web.Application:
     app[CTX_KEY] = ctx
     app[REVIEWS_KEY] = {}
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/livez", livez)
     app.router.add_get("/v1/namespaces/{namespace}/agentjobs/{name}/logs", logs)
     app.router.add_get("/v1/namespaces/{namespace}/agentjobs/{name}/artifacts", artifacts)
     return app

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from pydantic import Field, SecretStr, model_validator
@@ -27,6 +29,11 @@ class OperatorSettings(BaseSettings):
     # HF Jobs. The token comes from a Secret through the environment and never leaves this process.
     hf_endpoint: str = "https://huggingface.co"
     hf_token: SecretStr | None = None
+    # Set (by the chart) when HF Jobs is meant to run: then a missing or empty token is reported as
+    # such rather than silently leaving the backend off. Unset: enabled exactly when a token is given.
+    hf_jobs_enabled: bool | None = None
+    # Where the token comes from, for messages (e.g. "Secret hf-token, key token"); never the token.
+    hf_token_source: str = "POSTTRAIN_HF_TOKEN"
     hf_namespace: str | None = None
     hf_image: str = "ghcr.io/posttrain-operator/launcher:0.1.0"
     hf_bucket: str | None = None  # "<namespace>/<bucket>"; defaults to "<hf_namespace>/posttrain-outputs"
@@ -60,6 +67,18 @@ class OperatorSettings(BaseSettings):
         default_factory=lambda: ["system:serviceaccount:posttrain-system:posttrain-gateway"]
     )
 
+    # One active replica per release: the Lease it holds (namespace unset: no election, for a single
+    # process such as the devstack's). Others stand by and take over when it stops renewing.
+    leader_election_namespace: str | None = None
+    leader_election_name: str = "posttrain-operator"
+    leader_election_identity: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    lease_duration_seconds: float = Field(default=15.0, ge=2)
+    lease_renew_seconds: float = Field(default=5.0, gt=0)
+
+    # How long kopf keeps the credentials it logged in with before logging in again (rereading a
+    # rotated ServiceAccount token, or a kubeconfig's tokenFile) rather than waiting for a 401.
+    credentials_refresh_seconds: float = Field(default=60.0, gt=0)
+
     poll_interval_seconds: float = Field(default=10.0, gt=0)
     episode_tick_seconds: float = Field(default=2.0, gt=0)
     orphan_retry_initial_seconds: float = Field(default=5.0, gt=0)
@@ -70,10 +89,16 @@ class OperatorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _hf_needs_a_namespace(self) -> OperatorSettings:
-        if self.hf_token is not None and not self.hf_namespace:
+        if self.hf_enabled and not self.hf_namespace:
             raise ValueError(
                 "POSTTRAIN_HF_NAMESPACE is required with POSTTRAIN_HF_TOKEN (never guessed by whoami)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _renew_well_within_the_lease(self) -> OperatorSettings:
+        if self.lease_renew_seconds * 2 > self.lease_duration_seconds:
+            raise ValueError("POSTTRAIN_LEASE_RENEW_SECONDS must be at most half of the lease duration")
         return self
 
     @model_validator(mode="after")
@@ -87,7 +112,13 @@ class OperatorSettings(BaseSettings):
 
     @property
     def hf_enabled(self) -> bool:
-        return self.hf_token is not None
+        return self.hf_token is not None if self.hf_jobs_enabled is None else self.hf_jobs_enabled
+
+    @property
+    def hf_token_value(self) -> str | None:
+        """The token, or None when it is missing or blank (an empty Secret key counts as missing)."""
+        token = self.hf_token.get_secret_value().strip() if self.hf_token is not None else ""
+        return token or None
 
     @property
     def hf_bucket_id(self) -> str:

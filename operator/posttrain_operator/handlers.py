@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 from collections.abc import Awaitable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -18,12 +21,13 @@ from posttrain_operator.api.models import GROUP, VERSION
 from posttrain_operator.backends.base import BackendError
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Conflict
+from posttrain_operator.leader import Leadership
 from posttrain_operator.reconcile.admission import reconcile_agentjob
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.episode import finalize_episode, reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
-from posttrain_operator.runtime import build_context
+from posttrain_operator.runtime import build_context, check_backends
 
 EPISODES = (GROUP, VERSION, "episodes")
 AGENTJOBS = (GROUP, VERSION, "agentjobs")
@@ -35,14 +39,35 @@ def _namespaced(namespace: str | None) -> str:
     return namespace
 
 
-async def _run(step: Awaitable[Any]) -> None:
-    """Transient failures become kopf retries; the reconcilers are idempotent, so a retry is safe."""
+MAX_RETRY_DELAY = 300.0
+LOST_LEADERSHIP_EXIT = 75
+
+
+def backoff(base: float, attempt: int) -> float:
+    """Doubling delays from `base`, capped: a cause that persists costs a few calls an hour."""
+    return float(min(MAX_RETRY_DELAY, base * 2 ** min(attempt, 16)))
+
+
+async def _run(step: Awaitable[Any], retry: int) -> None:
+    """Transient failures become kopf retries with backoff; the reconcilers are idempotent, so a retry
+    is safe. kopf logs these without a traceback."""
     try:
         await step
     except Retry as exc:
-        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+        raise kopf.TemporaryError(str(exc), delay=backoff(exc.delay, retry)) from exc
     except (Conflict, BackendError) as exc:
-        raise kopf.TemporaryError(str(exc), delay=5) from exc
+        raise kopf.TemporaryError(str(exc), delay=backoff(5, retry)) from exc
+
+
+@kopf.on.login()
+async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own login (kubernetes_asyncio: in-cluster, else KUBECONFIG), with an expiry: kopf logs
+    in again once it passes, so a rotated token is picked up before the old one is refused."""
+    info = await kopf.login_via_async_client(**kwargs)
+    if info is None:
+        return None
+    refresh = timedelta(seconds=OperatorSettings().credentials_refresh_seconds)
+    return dataclasses.replace(info, expiration=datetime.now(UTC) + refresh)
 
 
 @kopf.on.startup()
@@ -62,17 +87,44 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.WARNING
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     memo.ctx = await build_context(config)
+    await check_backends(memo.ctx)
+    memo.leadership = None
+    if config.leader_election_namespace:
+        # kopf watches nothing until this handler returns: a standby replica waits right here.
+        memo.ctx.standby = True
+        memo.broker = await broker.serve(memo.ctx)
+        memo.leadership = Leadership(
+            memo.ctx.kube, config.leader_election_namespace, config.leader_election_name,
+            config.leader_election_identity, config.lease_duration_seconds, config.lease_renew_seconds,
+        )  # fmt: skip
+        await memo.leadership.acquire(retry_every=config.lease_renew_seconds)
+        memo.ctx.standby = False
+        memo.keeper = asyncio.create_task(memo.leadership.keep(on_lost=_lost_leadership))
+    else:
+        memo.broker = await broker.serve(memo.ctx)
     memo.active = ActiveJobs()
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
-    memo.broker = await broker.serve(memo.ctx)
     log.info("posttrain-operator started with backends: %s", ", ".join(memo.ctx.backends) or "none")
+
+
+def _lost_leadership(why: str) -> None:
+    """Another replica may be acting already: stop at once, without a graceful shutdown that would
+    keep reconciling (the Deployment restarts this one as a standby)."""
+    log.critical("lost the leader's Lease (%s); exiting", why)
+    logging.shutdown()
+    os._exit(LOST_LEADERSHIP_EXIT)
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    memo.poller.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await memo.poller
+    for task in (memo.poller, getattr(memo, "keeper", None)):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if memo.leadership is not None:
+        with contextlib.suppress(Exception):  # best effort: otherwise the Lease simply expires
+            await memo.leadership.release()
     await memo.broker.cleanup()
     await memo.ctx.kube.close()
 
@@ -80,9 +132,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.create(*AGENTJOBS)
 @kopf.on.resume(*AGENTJOBS)
 async def agentjob_reconcile(
-    namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+    namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any
 ) -> None:
-    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name, observed=dict(body)))
+    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name, observed=dict(body)), retry)
 
 
 @kopf.on.event(*AGENTJOBS)
@@ -110,15 +162,29 @@ async def episode_tick(
     stopped: kopf.DaemonStopped,
     **_: Any,
 ) -> None:
+    tick = memo.ctx.settings.episode_tick_seconds
+    failures = 0
     while not stopped:
+        delay = tick
         try:
             # The body kopf keeps current from the watch: an idle tick costs no API call. kopf swaps in
             # each event's body whole and never edits one, so a shallow snapshot is enough (a deep
             # copy, managed fields and all, cost three times the tick's own work).
             await reconcile_episode(memo.ctx, _namespaced(namespace), name, dict(body))
+            failures = 0
+        except (Retry, Conflict, BackendError, LookupError) as exc:
+            failures += 1
+            delay = backoff(tick, failures)
+            log.warning("episode %s/%s: %s; retrying in %.0fs", namespace, name, exc, delay)
         except Exception:
-            log.exception("reconciling episode %s/%s failed; retrying", namespace, name)
-        await stopped.wait(memo.ctx.settings.episode_tick_seconds)
+            # A bug: its traceback once, then one line per (backed-off) retry.
+            failures += 1
+            delay = backoff(tick, failures)
+            if failures == 1:
+                log.exception("reconciling episode %s/%s failed; retrying in %.0fs", namespace, name, delay)
+            else:
+                log.warning("episode %s/%s failed again; retrying in %.0fs", namespace, name, delay)
+        await stopped.wait(delay)
 
 
 @kopf.on.delete(*EPISODES)

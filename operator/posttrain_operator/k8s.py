@@ -5,15 +5,18 @@ of the operator (the pods backend aside, which owns its own objects) calls the A
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, EpisodeStatus, status_of
+from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
 
 MERGE_PATCH = "application/merge-patch+json"
 # In the API server's audit log, the reconcilers' calls (kopf's own carry "kopf/<version>").
@@ -38,11 +41,19 @@ class EpisodeUpdate(Generic[T]):
 
 
 async def make_api_client() -> client.ApiClient:
+    """In the pod: its ServiceAccount; elsewhere: KUBECONFIG. Either way a token file is reread as it
+    rotates (the in-cluster token, or the kubeconfig's tokenFile)."""
+    cfg = client.Configuration()
+    token_file: str | Path | None
     try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        token_file = IN_CLUSTER_TOKEN
     except config.ConfigException:
-        await config.load_kube_config()
-    api_client = client.ApiClient()
+        await config.load_kube_config(client_configuration=cfg)
+        token_file = kubeconfig_token_file(os.environ.get("KUBECONFIG") or Path.home() / ".kube" / "config")
+    if token_file is not None:
+        cfg.refresh_api_key_hook = RereadTokenFile(token_file)
+    api_client = client.ApiClient(configuration=cfg)
     api_client.user_agent = USER_AGENT
     return api_client
 
@@ -203,6 +214,38 @@ class Kube:
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         await self.core.create_namespaced_event(namespace, event)  # type: ignore[arg-type]
+
+    # --- the leader's Lease (coordination.k8s.io): plain dicts in and out ----------------------------
+
+    def _leases(self) -> client.CoordinationV1Api:
+        assert self.api_client is not None, "Leases need a connected client"
+        return client.CoordinationV1Api(self.api_client)
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        assert self.api_client is not None
+        try:
+            lease = await self._leases().read_namespaced_lease(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body: dict[str, Any] = self.api_client.sanitize_for_serialization(lease)
+        return body
+
+    async def write_lease(self, namespace: str, body: dict[str, Any]) -> bool:
+        """Create the Lease (no resourceVersion) or replace it (compare-and-swap on its
+        resourceVersion); False when another writer got there first."""
+        try:
+            if body["metadata"].get("resourceVersion"):
+                name = body["metadata"]["name"]
+                await self._leases().replace_namespaced_lease(name, namespace, body)  # type: ignore[arg-type]
+            else:
+                await self._leases().create_namespaced_lease(namespace, body)  # type: ignore[arg-type]
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
 
     async def review_token(self, token: str) -> str | None:
         """The username a bearer token authenticates as (TokenReview), or None if it is rejected."""

@@ -7,9 +7,10 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from posttrain_operator.backends.base import Backend
+from posttrain_operator.backends.base import CREDENTIALS_MISSING, Backend, Health, SupportsHealthCheck
 from posttrain_operator.backends.hf_jobs import HfJobsBackend, HfJobsConfig, install_client_timeout
 from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
+from posttrain_operator.backends.unavailable import UnavailableBackend
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Kube, make_api_client
 from posttrain_operator.reconcile.context import Context
@@ -20,13 +21,23 @@ log = logging.getLogger(__name__)
 def build_backends(settings: OperatorSettings, api_client: Any = None) -> dict[str, Backend]:
     """`api_client` (a kubernetes_asyncio ApiClient) is needed only by the pods backend."""
     backends: dict[str, Backend] = {}
-    if settings.hf_enabled:
-        assert settings.hf_token is not None and settings.hf_namespace is not None
+    token = settings.hf_token_value
+    if settings.hf_enabled and token is None:
+        backends["hf-jobs"] = UnavailableBackend(
+            "hf-jobs",
+            Health(
+                CREDENTIALS_MISSING,
+                f"HF Jobs is enabled but its token is missing or empty ({settings.hf_token_source}); "
+                "create it and restart the operator",
+            ),
+        )
+    elif settings.hf_enabled:
+        assert token is not None and settings.hf_namespace is not None
         install_client_timeout(settings.hf_http_timeout_seconds)
         backends["hf-jobs"] = HfJobsBackend(
             HfJobsConfig(
                 endpoint=settings.hf_endpoint,
-                token=settings.hf_token.get_secret_value(),
+                token=token,
                 namespace=settings.hf_namespace,
                 image=settings.hf_image,
                 bucket=settings.hf_bucket_id,
@@ -107,3 +118,18 @@ async def build_context(settings: OperatorSettings) -> Context:
         settings=settings,
         emit=EventRecorder(kube, settings.instance),
     )
+
+
+async def check_backends(ctx: Context) -> None:
+    """Each backend's credentials, checked once at start-up: logged (never the token), reported by the
+    broker's /healthz, and set as a condition on Episodes that start on that backend."""
+    for name, backend in ctx.backends.items():
+        if isinstance(backend, SupportsHealthCheck):
+            health = await backend.check()
+        else:
+            health = Health(None, "no credentials to check")
+        ctx.health[name] = health
+        if health.ok:
+            log.info("backend %s: %s", name, health.message)
+        else:
+            log.warning("backend %s is not usable (%s): %s", name, health.reason, health.message)

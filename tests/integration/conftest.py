@@ -38,7 +38,12 @@ BROKER_NAMESPACE = "posttrain-system"
 def crds(kubectl: Kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     for crd in ("episodes.posttrain.dev", "agentjobs.posttrain.dev"):
-        kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
+        # Right after the apply the CRD may have no conditions yet, which `kubectl wait` calls an error.
+        wait_for(
+            lambda crd=crd: kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s",
+                                    check=False).returncode == 0,
+            timeout=60, what=f"{crd} to be Established",
+        )  # fmt: skip
 
 
 def make_emulator(data_dir: Path | None = None, **kwargs: Any) -> tuple[HfEmulator, Path]:

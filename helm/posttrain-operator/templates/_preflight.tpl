@@ -12,7 +12,7 @@ to fix them. Included by every template through the operator Deployment.
 {{- end }}
 {{- end }}
 {{- if and .Values.pods.enabled (not .Values.pods.storeVolume) }}
-{{- fail "pods.enabled is true but pods.storeVolume is empty: set the artifact store as an inline volume source (one of csi, nfs, cephfs, hostPath) that every namespace can mount" }}
+{{- fail "pods.enabled is true but pods.storeVolume is empty: set the artifact store as an inline volume source (one of csi, nfs, hostPath) that every namespace can mount" }}
 {{- end }}
 {{- if and .Values.gateway.enabled (eq .Values.gateway.defaultBackend "hf-jobs") (not .Values.hfJobs.enabled) .Values.pods.enabled }}
 {{- fail "gateway.defaultBackend is hf-jobs but only the pods backend is enabled: set gateway.defaultBackend=pods" }}

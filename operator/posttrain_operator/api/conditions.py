@@ -10,6 +10,11 @@ ORPHANED = "Orphaned"
 ADMITTED = "Admitted"
 SUBMITTED = "Submitted"
 COMPLETE = "Complete"
+# Terminal conditions, for `kubectl wait --for=condition=...`: True once the object will not change
+# phase again, whatever the outcome (Complete says whether a job succeeded).
+ENDED = "Ended"  # Episode: Completed or Failed
+FINISHED = "Finished"  # AgentJob: Succeeded, Failed, Cancelled or Rejected
+BACKEND_READY = "BackendReady"  # Episode: its backend's credentials were accepted at the last check
 
 # Reasons (PascalCase, stable: clients match on them).
 ORPHANED_JOBS = "OrphanedJobs"
@@ -24,6 +29,7 @@ JOB_FAILED = "JobFailed"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 EPISODE_ENDED = "EpisodeEnded"
 CANCEL_UNCONFIRMED = "CancelUnconfirmed"
+UNKNOWN_TASK = "UnknownTask"
 
 
 def set_condition(

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from posttrain_operator.api.models import (
     GROUP,
+    MAX_SCRIPT_BYTES,
     VERSION,
     AgentJobSpec,
     AgentJobStatus,
@@ -82,7 +83,15 @@ EPISODE_SPEC_RULES = [
         "message": "spec.submission is set once and is then immutable",
     },
 ]
-AGENTJOB_SPEC_RULES = [{"rule": "self == oldSelf", "message": "AgentJob spec is immutable"}]
+AGENTJOB_SPEC_RULES = [
+    {"rule": "self == oldSelf", "message": "AgentJob spec is immutable"},
+    # maxLength counts characters; the limit is in bytes (UTF-8), as the gateway and the launcher count.
+    {
+        "rule": f"!has(self.script) || size(bytes(self.script)) <= {MAX_SCRIPT_BYTES}",
+        "message": f"spec.script is larger than {MAX_SCRIPT_BYTES} bytes (UTF-8)",
+        "fieldPath": ".script",
+    },
+]
 
 
 def _crd(

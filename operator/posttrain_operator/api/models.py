@@ -7,9 +7,9 @@ camelCase (the aliases).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from posttrain_operator.api.money import USD_PATTERN
@@ -28,6 +28,15 @@ MAX_ORPHANS = 1000
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
+
+def within_script_bytes(script: str) -> str:
+    """The script limit is in bytes (UTF-8), at every layer: a character can take four."""
+    if len(script.encode("utf-8", "surrogatepass")) > MAX_SCRIPT_BYTES:
+        raise ValueError(f"script is larger than {MAX_SCRIPT_BYTES} bytes (UTF-8)")
+    return script
+
+
+Script = Annotated[str, AfterValidator(within_script_bytes)]
 Backend = Literal["hf-jobs", "pods"]
 EpisodePhase = Literal["Pending", "Running", "Scoring", "Completed", "Failed"]
 Outcome = Literal["Scored", "LimitReached", "GraderFailed", "Cancelled"]
@@ -62,7 +71,7 @@ class Condition(ApiModel):
     type: str = Field(
         max_length=64, description="type is the condition's name, e.g. Ready, Blocked, Orphaned."
     )
-    status: Literal["True", "False", "Unknown"]
+    status: Literal["True", "False", "Unknown"] = Field(description="status is True, False or Unknown.")
     reason: str = Field(
         default="", max_length=128, description="reason is a PascalCase machine-readable cause."
     )
@@ -135,17 +144,36 @@ class EpisodeSpec(ApiModel):
 
 
 class LedgerEntry(ApiModel):
-    reserved_micro_usd: int = Field(default=0, alias="reservedMicroUSD", ge=0)
-    settled_micro_usd: int | None = Field(default=None, alias="settledMicroUSD", ge=0)
+    reserved_micro_usd: int = Field(
+        default=0,
+        alias="reservedMicroUSD",
+        ge=0,
+        description="reservedMicroUSD is this job's worst case, held.",
+    )
+    settled_micro_usd: int | None = Field(
+        default=None, alias="settledMicroUSD", ge=0,
+        description="settledMicroUSD is what the job cost once it ended; absent while it runs.",
+    )  # fmt: skip
     platform: bool = Field(
         default=False, description="platform is true for grader spend not charged to the agent."
     )
 
 
 class Ledger(ApiModel):
-    budget_micro_usd: int = Field(default=0, alias="budgetMicroUSD", ge=0)
-    reserved_micro_usd: int = Field(default=0, alias="reservedMicroUSD", ge=0)
-    settled_micro_usd: int = Field(default=0, alias="settledMicroUSD", ge=0)
+    budget_micro_usd: int = Field(
+        default=0,
+        alias="budgetMicroUSD",
+        ge=0,
+        description="budgetMicroUSD is spec.budgetUSD in micro-dollars.",
+    )
+    reserved_micro_usd: int = Field(
+        default=0, alias="reservedMicroUSD", ge=0,
+        description="reservedMicroUSD is the worst case of the jobs still running, held against the budget.",
+    )  # fmt: skip
+    settled_micro_usd: int = Field(
+        default=0, alias="settledMicroUSD", ge=0,
+        description="settledMicroUSD is what ended agent jobs cost (billed minutes); never above the budget.",
+    )  # fmt: skip
     platform_micro_usd: int = Field(
         default=0, alias="platformMicroUSD", ge=0, description="platformMicroUSD is grader spend for submit."
     )
@@ -159,31 +187,55 @@ class Ledger(ApiModel):
 
 
 class OrphanedJob(ApiModel):
-    name: str
-    backend_job_id: str = ""
-    since: str = ""
-    attempts: int = 0
-    next_attempt_at: str = ""
+    name: str = Field(description="name is the AgentJob whose cancellation the backend has not confirmed.")
+    backend_job_id: str = Field(default="", description="backendJobId is that job's id on its backend.")
+    since: str = Field(default="", description="since is when the cancellation first went unconfirmed.")
+    attempts: int = Field(default=0, description="attempts counts the cancellations tried so far.")
+    next_attempt_at: str = Field(
+        default="", description="nextAttemptAt is when the next one is tried (backoff)."
+    )
 
 
 class EpisodeStatus(ApiModel):
-    phase: EpisodePhase | None = None
-    outcome: Outcome | None = None
+    phase: EpisodePhase | None = Field(
+        default=None,
+        description="phase is Pending, Running, Scoring, then Completed or Failed (could not run).",
+    )
+    outcome: Outcome | None = Field(
+        default=None, description="outcome is how it ended: Scored, LimitReached, GraderFailed or Cancelled."
+    )
     reward: str | None = Field(
         default=None, description="reward is a decimal string; null when GraderFailed."
     )
-    message: str | None = Field(default=None, max_length=4096)
-    ledger: Ledger = Field(default_factory=Ledger)
+    message: str | None = Field(default=None, max_length=4096, description="message explains the phase.")
+    ledger: Ledger = Field(
+        default_factory=Ledger, description="ledger is the budget's accounting, in integer micro-dollars."
+    )
     steps: int = Field(default=0, ge=0, description="steps counts agent tool calls (written by the gateway).")
-    started_at: str | None = None
-    deadline: str | None = None
-    ended_at: str | None = None
-    scoring_job: str | None = None
-    conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
-    orphaned_jobs: list[OrphanedJob] = Field(default_factory=list, max_length=MAX_ORPHANS)
-    agent_token_hash: str | None = Field(default=None, pattern=SHA256_PATTERN)
-    agent_token_secret: str | None = None
-    observed_generation: int | None = None
+    started_at: str | None = Field(default=None, description="startedAt is when the episode began Running.")
+    deadline: str | None = Field(default=None, description="deadline is startedAt plus the wall-time limit.")
+    ended_at: str | None = Field(default=None, description="endedAt is when the episode ended.")
+    scoring_job: str | None = Field(
+        default=None, description="scoringJob names the operator's hidden-split grader AgentJob."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=MAX_CONDITIONS,
+        description="conditions: Ready, Ended (terminal: kubectl wait --for=condition=Ended), BackendReady, "
+        "Blocked, Orphaned.",
+    )  # fmt: skip
+    orphaned_jobs: list[OrphanedJob] = Field(
+        default_factory=list, max_length=MAX_ORPHANS,
+        description="orphanedJobs lists jobs whose cancellation is unconfirmed; retried with backoff.",
+    )  # fmt: skip
+    agent_token_hash: str | None = Field(
+        default=None, pattern=SHA256_PATTERN, description="agentTokenHash is the sha256 of the agent's token."
+    )
+    agent_token_secret: str | None = Field(
+        default=None, description="agentTokenSecret names the Secret holding a token the operator generated."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="observedGeneration is the spec generation the operator last acted on."
+    )
 
 
 # --- AgentJob ----------------------------------------------------------------------------------
@@ -194,7 +246,7 @@ class AgentJobSpec(ApiModel):
         max_length=253, pattern=NAME_PATTERN, description="episode names the owning Episode."
     )
     purpose: Purpose = Field(description="purpose is train, devEval, or score (score: operator only).")
-    script: str = Field(
+    script: Script = Field(
         default="",
         max_length=MAX_SCRIPT_BYTES,
         description="script is the Python source the launcher runs (train jobs).",
@@ -220,43 +272,71 @@ class AgentJobSpec(ApiModel):
 
 
 class Artifact(ApiModel):
-    path: str = Field(max_length=1024)
-    size: int = Field(ge=0)
+    path: str = Field(max_length=1024, description="path is relative to the job's outputs.")
+    size: int = Field(ge=0, description="size is in bytes.")
 
 
 class GradeResult(ApiModel):
-    status: str = Field(max_length=64)
-    score: str | None = None
-    n: int | None = None
-    reason: str | None = Field(default=None, max_length=4096)
-    grader_version: str | None = None
+    status: str = Field(max_length=64, description="status is ok, invalid_checkpoint or error.")
+    score: str | None = Field(default=None, description="score is a decimal string in [0, 1].")
+    n: int | None = Field(default=None, description="n is the number of examples graded.")
+    reason: str | None = Field(default=None, max_length=4096, description="reason explains a non-ok status.")
+    grader_version: str | None = Field(default=None, description="graderVersion identifies the grader.")
 
 
 class AgentJobStatus(ApiModel):
-    phase: JobPhase | None = None
-    reason: str | None = Field(default=None, max_length=128)
-    message: str | None = Field(default=None, max_length=4096)
-    conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
-    backend: Backend | None = None
-    backend_job_id: str | None = None
-    backend_stage: str | None = None
-    idempotency_key: str | None = None
+    phase: JobPhase | None = Field(
+        default=None,
+        description="phase is Pending, Admitted, Running, then Succeeded, Failed, Cancelled or Rejected; "
+        "Orphaned while a cancellation is unconfirmed.",
+    )
+    reason: str | None = Field(
+        default=None, max_length=128, description="reason is a PascalCase cause (e.g. BudgetExceeded)."
+    )
+    message: str | None = Field(default=None, max_length=4096, description="message explains the phase.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=MAX_CONDITIONS,
+        description="conditions: Admitted, Submitted, Complete, Finished (terminal: kubectl wait "
+        "--for=condition=Finished).",
+    )  # fmt: skip
+    backend: Backend | None = Field(default=None, description="backend is where the job runs.")
+    backend_job_id: str | None = Field(default=None, description="backendJobId is the job's id there.")
+    backend_stage: str | None = Field(
+        default=None, description="backendStage is the backend's own stage (e.g. SCHEDULING, RUNNING)."
+    )
+    idempotency_key: str | None = Field(
+        default=None, description="idempotencyKey labels the backend job; written before it is submitted."
+    )
     submit_started_at: str | None = Field(
         default=None, description="submitStartedAt is when the last submission call began (crash-safety)."
     )
-    reserved_micro_usd: int = Field(default=0, alias="reservedMicroUSD", ge=0)
-    settled_micro_usd: int = Field(default=0, alias="settledMicroUSD", ge=0)
-    spent_usd: str | None = Field(default=None, alias="spentUSD")
-    reserved_usd: str | None = Field(default=None, alias="reservedUSD")
-    billed_seconds: int | None = Field(default=None, ge=0)
-    started_at: str | None = None
-    finished_at: str | None = None
+    reserved_micro_usd: int = Field(
+        default=0, alias="reservedMicroUSD", ge=0, description="reservedMicroUSD is the worst case held."
+    )
+    settled_micro_usd: int = Field(
+        default=0, alias="settledMicroUSD", ge=0, description="settledMicroUSD is what the agent was charged."
+    )
+    spent_usd: str | None = Field(default=None, alias="spentUSD", description="spentUSD is that, in dollars.")
+    reserved_usd: str | None = Field(
+        default=None, alias="reservedUSD", description="reservedUSD is the reservation, in dollars."
+    )
+    billed_seconds: int | None = Field(
+        default=None, ge=0, description="billedSeconds is the run time billed (per started minute)."
+    )
+    started_at: str | None = Field(default=None, description="startedAt is when the backend started it.")
+    finished_at: str | None = Field(default=None, description="finishedAt is when it ended.")
     exit_code: int | None = Field(
         default=None, description="exitCode is the job process's exit code, where the backend reports one."
     )
-    artifacts: list[Artifact] = Field(default_factory=list, max_length=MAX_ARTIFACTS)
-    result: GradeResult | None = None
-    observed_generation: int | None = None
+    artifacts: list[Artifact] = Field(
+        default_factory=list,
+        max_length=MAX_ARTIFACTS,
+        description="artifacts lists the job's outputs (bounded).",
+    )
+    result: GradeResult | None = Field(default=None, description="result is a grader job's score.")
+    observed_generation: int | None = Field(
+        default=None, description="observedGeneration is the spec generation the operator last acted on."
+    )
 
 
 def status_of(model: type[EpisodeStatus] | type[AgentJobStatus], raw: dict[str, Any] | None) -> Any:

@@ -15,12 +15,21 @@ RemoteStage = Literal["pending", "running", "succeeded", "failed", "cancelled", 
 TERMINAL_STAGES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
 
 
-class BackendError(RuntimeError):
-    """The backend refused or failed a call. `transient` errors are worth retrying later."""
+# Why a backend call failed, as a condition reason a human can act on.
+CREDENTIALS_REJECTED = "CredentialsRejected"  # the backend refused the operator's token (401/403)
+CREDENTIALS_MISSING = "CredentialsMissing"  # the operator has no readable token for the backend
+BACKEND_UNREACHABLE = "BackendUnreachable"  # timeouts, refused connections, 5xx, rate limits
+BACKEND_REFUSED = "BackendRefused"  # any other refusal (a bad request, an unknown repo)
 
-    def __init__(self, message: str, *, transient: bool) -> None:
+
+class BackendError(RuntimeError):
+    """The backend refused or failed a call. `transient` errors are worth retrying later; `reason`
+    says why in a word clients match on."""
+
+    def __init__(self, message: str, *, transient: bool, reason: str | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.reason = reason or (BACKEND_UNREACHABLE if transient else BACKEND_REFUSED)
 
 
 class UnknownFlavor(BackendError):
@@ -122,6 +131,26 @@ class Backend(Protocol):
     async def artifacts(self, output_prefix: str) -> list[ArtifactInfo]: ...
 
     async def read_artifact(self, output_prefix: str, path: str, max_bytes: int) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Health:
+    """What a backend's start-up check found: `reason` is None when its credentials were accepted."""
+
+    reason: str | None
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+@runtime_checkable
+class SupportsHealthCheck(Protocol):
+    """Backends whose credentials can be checked without running anything (the token never appears
+    in the result)."""
+
+    async def check(self) -> Health: ...
 
 
 @runtime_checkable

@@ -23,10 +23,13 @@ from huggingface_hub import HfApi, HfFileSystem, JobInfo, Volume, set_client_fac
 from huggingface_hub.errors import HfHubHTTPError, JobNotFoundError
 
 from posttrain_operator.backends.base import (
+    BACKEND_UNREACHABLE,
+    CREDENTIALS_REJECTED,
     ArtifactInfo,
     BackendError,
     CallStats,
     Handle,
+    Health,
     JobRequest,
     RemoteStage,
     RemoteStatus,
@@ -100,6 +103,11 @@ def _retry_after(exc: Exception) -> float | None:
     return float(retry_after) if retry_after and retry_after.isdigit() else None
 
 
+def _credentials_rejected(exc: Exception) -> bool:
+    response = exc.response if isinstance(exc, HfHubHTTPError) else None
+    return response is not None and response.status_code in (401, 403)
+
+
 def _is_transient(exc: Exception) -> bool:
     if isinstance(exc, (httpx2.TimeoutException, httpx2.TransportError, TimeoutError, ConnectionError)):
         return True
@@ -158,6 +166,12 @@ class HfJobsBackend:
             except JobNotFoundError:
                 raise
             except Exception as exc:
+                if _credentials_rejected(exc):
+                    raise BackendError(
+                        f"{method}: Hugging Face refused the operator's token: {exc}",
+                        transient=False,
+                        reason=CREDENTIALS_REJECTED,
+                    ) from exc
                 if not _is_transient(exc):
                     raise BackendError(f"{method}: {exc}", transient=False) from exc
                 if attempt == attempts:
@@ -167,6 +181,16 @@ class HfJobsBackend:
                 delay = _retry_after(exc) or min(self.config.max_backoff_s, 0.5 * 2**attempt)
                 await asyncio.sleep(min(delay, self.config.max_backoff_s) * random.uniform(0.8, 1.2))
         raise AssertionError("unreachable")
+
+    async def check(self) -> Health:
+        """Whether the token is accepted (whoami), without running or listing anything."""
+        try:
+            await self._call("whoami", lambda: self._api.whoami(), retry=False)
+        except BackendError as exc:
+            return Health(exc.reason, str(exc))
+        except Exception as exc:  # the client's own errors on a malformed reply
+            return Health(BACKEND_UNREACHABLE, f"whoami: {exc}")
+        return Health(None, f"token accepted by {self.config.endpoint}")
 
     async def price(self, flavor: str) -> int:
         async with self._prices_lock:

@@ -24,7 +24,7 @@ from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import allowed_flavors, jobs_running, limits_in_force
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
 from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_against_task
-from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.context import BackendNotEnabled, Context
 from posttrain_operator.reconcile.jobs import Retry, admitting_phases, with_condition, write_job_status
 from posttrain_operator.reconcile.submission import Admission, resume_submission, submit_admitted
 
@@ -100,8 +100,24 @@ async def _reject(ctx: Context, job: dict[str, Any], status: AgentJobStatus, rej
         update={"phase": "Rejected", "reason": rejection.reason, "message": rejection.message}
     )
     status = with_condition(ctx, job, status, cond.ADMITTED, False, rejection.reason, rejection.message)
+    status = with_condition(ctx, job, status, cond.FINISHED, True, rejection.reason, rejection.message)
     await write_job_status(ctx, job, status)
     ctx.emit(job, "Warning", rejection.reason, rejection.message)
+
+
+async def _waiting(
+    ctx: Context, job: dict[str, Any], status: AgentJobStatus, reason: str, message: str
+) -> None:
+    """A job that cannot be admitted yet for a transient cause says so (once: an unchanged condition
+    is neither written nor announced again on the retries)."""
+    conditions, changed = ctx.set_condition(job, status.conditions, cond.ADMITTED, False, reason, message)
+    if not changed:
+        return
+    status = status.model_copy(
+        update={"phase": "Pending", "reason": reason, "message": message, "conditions": conditions}
+    )
+    await write_job_status(ctx, job, status)
+    ctx.emit(job, "Warning", reason, message)
 
 
 async def reconcile_agentjob(
@@ -158,13 +174,21 @@ async def _admit(
         return None
     task, ep_spec, _ = decided
     assert episode is not None
-    backend = ctx.backend(ep_spec.backend)
     try:
+        backend = ctx.backend(ep_spec.backend)
         price = await backend.price(spec.flavor)
+    except BackendNotEnabled as exc:
+        await _reject(ctx, job, status, Rejection(exc.reason, str(exc)))
+        return None
     except UnknownFlavor as exc:
         await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, str(exc)))
         return None
     except BackendError as exc:
+        if not exc.transient:  # a refused token or request: retrying would only repeat it
+            ctx.note_failure(ep_spec.backend, exc.reason, str(exc))
+            await _reject(ctx, job, status, Rejection(exc.reason, f"{ep_spec.backend}: {exc}"))
+            return None
+        await _waiting(ctx, job, status, exc.reason, f"{ep_spec.backend} did not answer; retrying: {exc}")
         raise Retry(f"price lookup failed: {exc}") from exc
     amount = ledger_math.reservation_for(price, spec.timeout_seconds)
     platform = spec.purpose == "score"

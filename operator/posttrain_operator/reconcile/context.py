@@ -11,10 +11,11 @@ from typing import Any
 from posttrain_operator.api.conditions import set_condition
 from posttrain_operator.api.models import Condition
 from posttrain_operator.api.rules import format_time, now_utc
-from posttrain_operator.backends.base import Backend
+from posttrain_operator.backends.base import CREDENTIALS_MISSING, CREDENTIALS_REJECTED, Backend, Health
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Kube
 
+CREDENTIAL_REASONS = frozenset({CREDENTIALS_REJECTED, CREDENTIALS_MISSING})
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 
 
@@ -26,6 +27,17 @@ class KeyedLocks:
 
     def __call__(self, *key: str) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
+
+
+class BackendNotEnabled(LookupError):
+    """An Episode names a backend this operator does not run (not enabled, or misspelt config)."""
+
+    reason = "BackendNotEnabled"
+
+    def __init__(self, name: str, enabled: list[str]) -> None:
+        super().__init__(
+            f"backend {name!r} is not enabled in this operator (enabled: {', '.join(enabled) or 'none'})"
+        )
 
 
 def _no_events(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -40,6 +52,10 @@ class Context:
     clock: Callable[[], datetime] = now_utc
     locks: KeyedLocks = field(default_factory=KeyedLocks)
     emit: EventSink = _no_events
+    # Each backend's credential check, from start-up, updated when a call is refused.
+    health: dict[str, Health] = field(default_factory=dict)
+    # True while another replica holds the leader's Lease: this one acts on nothing.
+    standby: bool = False
 
     def set_condition(
         self,
@@ -59,4 +75,9 @@ class Context:
         try:
             return self.backends[name]
         except KeyError:
-            raise LookupError(f"backend {name!r} is not enabled in this operator") from None
+            raise BackendNotEnabled(name, sorted(self.backends)) from None
+
+    def note_failure(self, name: str, reason: str, message: str) -> None:
+        """A refused credential seen on any call is what readiness reports from then on."""
+        if reason in CREDENTIAL_REASONS:
+            self.health[name] = Health(reason, message)

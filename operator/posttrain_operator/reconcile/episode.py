@@ -36,7 +36,7 @@ from posttrain_operator.api.rules import (
 from posttrain_operator.backends.base import BackendError, SupportsEpisodeCleanup
 from posttrain_operator.ledger import with_totals
 from posttrain_operator.reconcile.cancellation import cancel_all
-from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.context import BackendNotEnabled, Context
 from posttrain_operator.reconcile.orphans import collect_orphans
 
 log = logging.getLogger(__name__)
@@ -125,9 +125,15 @@ async def reconcile_episode(
         try:
             task = get_task(spec.task)
         except UnknownTaskError as exc:
-            if status.phase != "Failed":
-                await _set(ctx, body, phase="Failed", message=str(exc))
-                ctx.emit(body, "Warning", "UnknownTask", str(exc))
+            if status.phase not in ENDED_PHASES:
+                await fail_episode(ctx, body, status, cond.UNKNOWN_TASK, str(exc))
+            return
+        if status.phase in (None, "Pending") and spec.backend not in ctx.backends:
+            # Nothing could ever run: say so at once rather than start a clock no job can use.
+            try:
+                ctx.backend(spec.backend)
+            except BackendNotEnabled as exc:
+                await fail_episode(ctx, body, status, exc.reason, str(exc))
             return
         if status.phase in (None, "Pending"):
             await _start(ctx, body, spec, status, task)
@@ -135,7 +141,7 @@ async def reconcile_episode(
             if spec.submission is not None:
                 await _start_scoring(ctx, body, spec, status, task)
             else:
-                end = limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task))
+                end = await _limit(ctx, spec, status, task)
                 if end is not None:
                     await end_episode(ctx, body, end)
         elif status.phase == "Scoring":
@@ -163,7 +169,16 @@ async def _idle(ctx: Context, observed: dict[str, Any]) -> bool:
         return False
     if spec.submission is not None:
         return False
-    return limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task)) is None
+    return await _limit(ctx, spec, status, task) is None
+
+
+async def _limit(ctx: Context, spec: EpisodeSpec, status: EpisodeStatus, task: Task) -> End | None:
+    """The limits in force; the step and wall-time limits first, so a backend that does not answer
+    a price lookup never delays them. The budget limit needs a price only when no job runs."""
+    end = limit_reached(spec, status, task, ctx.clock(), None)
+    if end is not None or jobs_running(status.ledger):
+        return end
+    return limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task))
 
 
 def _has_unsettled_jobs(status: EpisodeStatus) -> bool:
@@ -173,7 +188,11 @@ def _has_unsettled_jobs(status: EpisodeStatus) -> bool:
 
 
 async def _cheapest_price(ctx: Context, spec: EpisodeSpec, task: Task) -> int | None:
-    backend = ctx.backend(spec.backend)
+    """None when no price is known (the backend is off or not answering): the budget limit then
+    waits, the step and wall-time limits do not."""
+    backend = ctx.backends.get(spec.backend)
+    if backend is None:
+        return None
     prices = []
     for flavor in allowed_flavors(spec, task):
         try:
@@ -219,6 +238,12 @@ async def _start(
     conditions, _ = ctx.set_condition(
         body, conditions, cond.READY, True, "Started", f"started task {task.name}"
     )
+    health = ctx.health.get(spec.backend)
+    if health is not None:
+        conditions, _ = ctx.set_condition(
+            body, conditions, cond.BACKEND_READY, health.ok, health.reason or "CredentialsAccepted",
+            f"{spec.backend}: {health.message}",
+        )  # fmt: skip
     await _set(
         ctx,
         body,
@@ -232,6 +257,10 @@ async def _start(
         observed_generation=body["metadata"].get("generation"),
     )
     ctx.emit(body, "Normal", "Started", f"budget ${spec.budget_usd}, {wall}s wall time")
+    if health is not None and not health.ok:
+        assert health.reason is not None
+        message = f"{spec.backend}: {health.message}; its jobs will be rejected"
+        ctx.emit(body, "Warning", health.reason, message)
 
 
 async def _agent_token(ctx: Context, body: dict[str, Any], spec: EpisodeSpec) -> tuple[str, str | None]:
@@ -263,9 +292,22 @@ async def _agent_token(ctx: Context, body: dict[str, Any], spec: EpisodeSpec) ->
     return token_hash(token), secret_name
 
 
+async def fail_episode(
+    ctx: Context, body: dict[str, Any], status: EpisodeStatus, reason: str, message: str
+) -> None:
+    """An Episode that cannot run at all (unknown task, backend not enabled) ends Failed at once."""
+    conditions, _ = ctx.set_condition(body, status.conditions, cond.READY, False, reason, message)
+    conditions, _ = ctx.set_condition(body, conditions, cond.ENDED, True, reason, message)
+    await _set(
+        ctx, body, phase="Failed", message=message, ended_at=format_time(ctx.clock()), conditions=conditions
+    )
+    ctx.emit(body, "Warning", reason, message)
+
+
 async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
     status = status_of(EpisodeStatus, body.get("status"))
     conditions, _ = ctx.set_condition(body, status.conditions, cond.READY, False, end.outcome, end.message)
+    conditions, _ = ctx.set_condition(body, conditions, cond.ENDED, True, end.outcome, end.message)
     await _set(
         ctx,
         body,

@@ -95,6 +95,7 @@ async def finish_agentjob(
                                  graded=phase == "Succeeded")  # fmt: skip
     status = status.model_copy(update=update)
     status = with_condition(ctx, job, status, cond.COMPLETE, phase == "Succeeded", reason, message)
+    status = with_condition(ctx, job, status, cond.FINISHED, True, reason, message)
     await write_job_status(ctx, job, status)
     ctx.emit(job, "Normal" if phase in ("Succeeded", "Cancelled") else "Warning", reason, message)
 

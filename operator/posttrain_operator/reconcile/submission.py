@@ -15,7 +15,7 @@ from graders.tasks import Task, get_task
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.rules import format_time, parse_time
-from posttrain_operator.backends.base import Backend, BackendError, Handle
+from posttrain_operator.backends.base import BACKEND_REFUSED, Backend, BackendError, Handle
 from posttrain_operator.jobspec import build_request
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
@@ -125,9 +125,11 @@ async def _submission_failed(ctx: Context, job: dict[str, Any], exc: BackendErro
     if exc.transient:
         raise Retry(f"submission failed, will look the job up and retry: {exc}") from exc
     meta = job["metadata"]
-    await finish_agentjob(
-        ctx, meta["namespace"], meta["name"], "Failed", cond.SUBMISSION_FAILED, str(exc), None
-    )
+    backend = job.get("status", {}).get("backend") or ""
+    ctx.note_failure(backend, exc.reason, str(exc))
+    # A refused token says so; any other refusal is the submission's own.
+    reason = cond.SUBMISSION_FAILED if exc.reason == BACKEND_REFUSED else exc.reason
+    await finish_agentjob(ctx, meta["namespace"], meta["name"], "Failed", reason, str(exc), None)
 
 
 def submission_window_end(ctx: Context, status: AgentJobStatus) -> datetime | None:

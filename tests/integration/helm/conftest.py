@@ -128,7 +128,9 @@ def release(
             audit_offset=audit_offset,
         )
     finally:
-        helm(cluster, "uninstall", name, "--namespace", namespace, "--wait=false")
+        # No hooks: the pre-delete safeguard's Job needs a node, which the devstack has not (its
+        # command is run as a process by test_uninstall).
+        helm(cluster, "uninstall", name, "--namespace", namespace, "--wait=false", "--no-hooks")
 
 
 def deployment_container(kubectl: Kubectl, release: Release, component: str) -> dict[str, Any]:
@@ -145,6 +147,10 @@ def resolve_env(kubectl: Kubectl, namespace: str, container: dict[str, Any]) -> 
     for entry in container.get("env", []):
         if "value" in entry:
             env[entry["name"]] = entry["value"]
+            continue
+        if "fieldRef" in entry["valueFrom"]:  # the downward API: only the pod's name is used
+            assert entry["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", entry
+            env[entry["name"]] = "chart-operator-0"
             continue
         ref = entry["valueFrom"]["secretKeyRef"]
         secret = kubectl_json(kubectl, "-n", namespace, "get", "secret", ref["name"])

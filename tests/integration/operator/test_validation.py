@@ -51,6 +51,17 @@ def test_oversize_script_is_refused(kubectl: Kubectl, namespace: str, crds: None
     assert _count(kubectl, namespace, "agentjobs") == 0
 
 
+def test_the_script_limit_is_counted_in_bytes(kubectl: Kubectl, namespace: str, crds: None) -> None:
+    """262,144 'é' are within maxLength (characters) but twice the limit in bytes."""
+    heavy = "é" * MAX_SCRIPT_BYTES
+    stderr = _create(kubectl, namespace, agentjob_manifest("wide", "ep", script=heavy))
+    assert "spec.script" in stderr and f"larger than {MAX_SCRIPT_BYTES} bytes (UTF-8)" in stderr, stderr
+    assert _count(kubectl, namespace, "agentjobs") == 0
+    at_limit = agentjob_manifest("fits", "ep", script="é" * (MAX_SCRIPT_BYTES // 2))
+    kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(at_limit))
+    assert _count(kubectl, namespace, "agentjobs") == 1
+
+
 def test_too_many_packages_are_refused(kubectl: Kubectl, namespace: str, crds: None) -> None:
     packages = [f"pkg{i}==1.0" for i in range(MAX_PACKAGES + 1)]
     stderr = _create(kubectl, namespace, agentjob_manifest("many", "ep", packages=packages))

@@ -134,11 +134,12 @@ def test_host_allowlist_matches_the_sdk_rule() -> None:
         {"script": "x", "timeout_seconds": 30},
         {"script": ""},
         {"script": "x" * (256 * 1024 + 1)},
+        {"script": "é" * (256 * 1024)},  # 262,144 characters, 524,288 bytes
         {"script": "x", "packages": ["p"] * 33},
         {"script": "x", "flavor": "GPU; rm -rf"},
     ],
     ids=["unknown-key", "string-number", "too-short-timeout", "empty-script", "script-too-big",
-         "too-many-packages", "bad-flavor"],
+         "script-too-many-bytes", "too-many-packages", "bad-flavor"],
 )  # fmt: skip
 def test_jobs_submit_arguments_are_strict_and_bounded(args: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
@@ -160,3 +161,9 @@ def test_wire_shapes_carry_metadata_twice_and_a_two_key_error() -> None:
     assert set(error) == {"error_type", "message"} and error["error_type"] == "execution_error"
     mcp = mcp_call_result(failed)
     assert mcp["isError"] and mcp["structuredContent"]["error"]["code"] == "budget_exceeded"
+
+
+def test_the_script_limit_is_bytes_and_a_script_at_it_passes() -> None:
+    assert SubmitJobArgs.model_validate({"script": "é" * (128 * 1024)})  # exactly 262,144 bytes
+    with pytest.raises(ValidationError, match="larger than 262144 bytes"):
+        SubmitJobArgs.model_validate({"script": "é" * (128 * 1024) + "x"})

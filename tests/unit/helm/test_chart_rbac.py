@@ -16,8 +16,11 @@ def _rules(scope: str, group: str, resource: str, *verbs: str) -> set[Rule]:
     return {(scope, group, resource, verb) for verb in verbs}
 
 
-FRAMEWORK = _rules("cluster", "apiextensions.k8s.io", "customresourcedefinitions", "list", "watch") | _rules(
-    "cluster", "authentication.k8s.io", "tokenreviews", "create"
+FRAMEWORK = (
+    _rules("cluster", "apiextensions.k8s.io", "customresourcedefinitions", "list", "watch")
+    | _rules("cluster", "authentication.k8s.io", "tokenreviews", "create")
+    # The leader's Lease, in the release namespace only.
+    | _rules(NAMESPACE, "coordination.k8s.io", "leases", "get", "create", "update")
 )
 
 

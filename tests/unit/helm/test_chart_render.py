@@ -36,6 +36,8 @@ SUFFIXES = (
     "-gateway",
     "-broker",
     "-operator-framework",
+    "-operator-leader",
+    "-uninstall",
     "-operator-pods",
     "-test",
     "-score-jobs",
@@ -66,6 +68,10 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
         ("ClusterRole", f"{FULL}-operator-framework"),
         ("ClusterRoleBinding", f"{FULL}-operator"),
         ("ClusterRoleBinding", f"{FULL}-operator-framework"),
+        ("ClusterRole", f"{FULL}-uninstall"),
+        ("ClusterRoleBinding", f"{FULL}-uninstall"),
+        ("Job", f"{FULL}-uninstall"),
+        ("ServiceAccount", f"{FULL}-uninstall"),
         ("ConfigMap", f"{FULL}-test"),
         ("Deployment", f"{FULL}-gateway"),
         ("Deployment", f"{FULL}-operator"),
@@ -73,7 +79,9 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
         ("NetworkPolicy", f"{FULL}-operator"),
         ("Pod", f"{FULL}-test"),
         ("Role", f"{FULL}-gateway"),
+        ("Role", f"{FULL}-operator-leader"),
         ("RoleBinding", f"{FULL}-gateway"),
+        ("RoleBinding", f"{FULL}-operator-leader"),
         ("Service", f"{FULL}-broker"),
         ("Service", f"{FULL}-gateway"),
         ("ServiceAccount", f"{FULL}-gateway"),
@@ -106,7 +114,9 @@ def test_every_pod_is_locked_down(values: dict[str, Any]) -> None:
 
 def test_operator_runs_kopf_with_liveness_and_probes(default_docs: list[dict[str, Any]]) -> None:
     spec = one(default_docs, "Deployment", f"{FULL}-operator")["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    # One acts (the Lease holder); a rollout's new pod stands by until the old one hands over.
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "RollingUpdate"
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     container = spec["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "-m", "kopf"]
     assert container["args"] == [
@@ -115,7 +125,16 @@ def test_operator_runs_kopf_with_liveness_and_probes(default_docs: list[dict[str
     ]  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"broker": 8081, "health": 8080}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "broker"}
+    env = container_env(container)
+    assert env["POSTTRAIN_LEADER_ELECTION_NAMESPACE"]["value"] == NAMESPACE
+    assert env["POSTTRAIN_LEADER_ELECTION_NAME"]["value"] == f"{FULL}-operator"
+    assert env["POSTTRAIN_LEADER_ELECTION_IDENTITY"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}
+    }
+    assert (
+        one(render({"operator": {"replicas": 2}}), "Deployment", f"{FULL}-operator")["spec"]["replicas"] == 2
+    )
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "broker"}
     watched = render({"operator": {"watchNamespaces": [NAMESPACE, "b"]}})
     args = one(watched, "Deployment", f"{FULL}-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -136,8 +155,12 @@ def test_hf_token_is_only_a_secret_reference_and_only_the_operator_gets_it() -> 
     assert find(docs, "Secret") == []
     operator = container_env(main_container(docs, f"{FULL}-operator"))
     assert operator["POSTTRAIN_HF_TOKEN"] == {
-        "name": "POSTTRAIN_HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+        "name": "POSTTRAIN_HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}},
     }  # fmt: skip
+    # A missing Secret is reported by the running operator, not a pod stuck before start.
+    assert operator["POSTTRAIN_HF_JOBS_ENABLED"]["value"] == "true"
+    assert "hf-token" in operator["POSTTRAIN_HF_TOKEN_SOURCE"]["value"]
     assert operator["POSTTRAIN_HF_NAMESPACE"]["value"] == "acme"
     gateway = container_env(main_container(docs, f"{FULL}-gateway"))
     refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in gateway.values() if "valueFrom" in e]

@@ -3,11 +3,13 @@ with a message that says how to fix them."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.unit.helm.chart import HF_VALUES, render, render_error
+from tests.unit.helm.chart import CHART, HF_VALUES, PODS, render, render_error, run_helm
 
 
 @pytest.mark.parametrize(
@@ -24,11 +26,13 @@ from tests.unit.helm.chart import HF_VALUES, render, render_error
         ({"networkPolicy": {"gatewayIngressFrom": [{"podSelektor": {}}]}}, "podSelektor"),
         ({"pods": {"storeVolume": {"persistentVolumeClaim": {"claimName": "x"}}}}, "persistentVolumeClaim"),
         ({"admissionPolicy": {"namespaceSelector": {"matchLabel": {"a": "b"}}}}, "matchLabel"),
+        # In-tree cephfs volumes were removed in Kubernetes 1.31, the chart's minimum.
+        ({"pods": {"storeVolume": {"cephfs": {"monitors": ["10.0.0.1:6789"]}}}}, "cephfs"),
     ],
     ids=[
         "unknown-top-level", "unknown-nested", "token-value-in-values", "secret-value-beside-ref",
         "orchestrator-token-value", "bad-pull-policy", "bad-namespace", "unknown-resource",
-        "typo-in-network-peer", "store-cannot-be-a-pvc", "typo-in-label-selector",
+        "typo-in-network-peer", "store-cannot-be-a-pvc", "typo-in-label-selector", "no-cephfs-store",
     ],
 )  # fmt: skip
 def test_schema_refuses(values: dict[str, Any], complaint: str) -> None:
@@ -78,3 +82,26 @@ def test_schema_accepts_a_full_platform_install() -> None:
 )
 def test_preflight_refuses_contradictions(values: dict[str, Any], message: str) -> None:
     assert message in render_error(values)
+
+
+def test_kubernetes_before_1_31_is_refused() -> None:
+    """AgentJobs are listed by field selector (selectableFields), on by default from 1.31."""
+    proc = run_helm("template", "r", str(CHART), "--kube-version", "1.30.9")
+    assert proc.returncode != 0
+    assert "kubeVersion" in proc.stderr and ">=1.31" in proc.stderr, proc.stderr
+    assert run_helm("template", "r", str(CHART), "--kube-version", "1.31.0").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "values", [HF_VALUES, {"pods": PODS, "gateway": {"defaultBackend": "pods"}}],
+    ids=["hf-jobs", "pods"],
+)  # fmt: skip
+def test_notes_name_example_files_that_exist(values: dict[str, Any]) -> None:
+    proc = run_helm("install", "r", str(CHART), "--dry-run=client", values=values)
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    named = re.findall(r"examples/[\w.-]+\.yaml", notes)
+    assert named and all((CHART.parents[1] / path).is_file() for path in named), named
+    for path in named:  # the episode the notes wait on is the one the file creates
+        name = yaml.safe_load((CHART.parents[1] / path).read_text())["metadata"]["name"]
+        assert f"episode/{name}" in notes

@@ -103,3 +103,19 @@ def test_the_emulator_command_line_names_the_token_file_and_never_holds_the_toke
     argv = stack.emulator_argv(8080, tmp_path / "data", path, [])
     assert f"--token-file={path}" in argv
     assert not any(token in arg for arg in argv)
+
+
+def test_make_up_takes_the_charts_identities_rbac_and_admission_and_nothing_else() -> None:
+    helm = stack.bin_dir() / "helm"
+    if not helm.exists():
+        pytest.skip(f"no helm binary at {helm}: run `make binaries`")
+    objects = stack.chart_cluster_objects()
+    kinds = {d["kind"] for d in objects}
+    assert kinds <= stack.CLUSTER_LEVEL_KINDS
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterRole", "Role"} <= kinds
+    names = {(d["kind"], d["metadata"]["name"]) for d in objects}
+    assert ("ServiceAccount", stack.OPERATOR_SA) in names and ("ServiceAccount", stack.GATEWAY_SA) in names
+    assert not any("helm.sh/hook" in (d["metadata"].get("annotations") or {}) for d in objects)
+    # The operator's Role is where the local operator watches.
+    roles = [d for d in objects if d["kind"] == "Role" and d["metadata"]["name"] == stack.OPERATOR_SA]
+    assert [r["metadata"]["namespace"] for r in roles] == [stack.DEMO_NAMESPACE]

@@ -257,10 +257,13 @@ class FakeBackend:
         self.artifact_files: dict[str, dict[str, bytes]] = {}
         self.confirm_cancel = True
         self.fail_submit: BackendError | None = None
+        self.fail_price: BackendError | None = None
         self._ids = itertools.count(1)
 
     async def price(self, flavor: str) -> int:
         self.stats.count("price")
+        if self.fail_price is not None:
+            raise self.fail_price
         if flavor not in self.prices:
             raise UnknownFlavor(flavor, list(self.prices))
         return self.prices[flavor]

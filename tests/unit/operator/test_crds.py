@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 from posttrain_operator.api import crds
+from posttrain_operator.api.models import MAX_SCRIPT_BYTES, AgentJobSpec
+from pydantic import ValidationError
 
 CRD_DIR = Path(__file__).resolve().parents[3] / "crds"
 
@@ -38,3 +42,33 @@ def test_no_spec_keeps_unknown_fields() -> None:
         schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         assert _walk(schema["properties"]["spec"]) == []
         assert schema["properties"]["spec"]["x-kubernetes-validations"]
+
+
+def _undescribed(node: dict[str, Any], path: str) -> list[str]:
+    missing = []
+    for key, child in (node.get("properties") or {}).items():
+        if not child.get("description"):
+            missing.append(f"{path}.{key}")
+        missing += _undescribed(child, f"{path}.{key}")
+    if isinstance(node.get("items"), dict):
+        missing += _undescribed(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        missing += _undescribed(node["additionalProperties"], f"{path}{{}}")
+    return missing
+
+
+def test_every_spec_and_status_field_is_described_for_kubectl_explain() -> None:
+    for name, crd in crds.render().items():
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for part in ("spec", "status"):
+            assert _undescribed(schema["properties"][part], part) == [], name
+
+
+def test_the_operator_counts_the_script_limit_in_bytes() -> None:
+    base = {"episode": "ep", "purpose": "train", "flavor": "cpu-basic", "timeoutSeconds": 600}
+    assert AgentJobSpec.model_validate({**base, "script": "é" * (MAX_SCRIPT_BYTES // 2)})
+    with pytest.raises(ValidationError, match=f"larger than {MAX_SCRIPT_BYTES} bytes"):
+        AgentJobSpec.model_validate({**base, "script": "é" * MAX_SCRIPT_BYTES})
+    schema = crds.render()["posttrain.dev_agentjobs.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rules = schema["properties"]["spec"]["x-kubernetes-validations"]
+    assert any("size(bytes(self.script))" in r["rule"] for r in rules)

@@ -70,6 +70,10 @@ class World:
 
 @pytest.fixture
 def world() -> World:
+    return make_world()
+
+
+def make_world() -> World:
     api, backend, clock = FakeKubernetes(), FakeBackend(), FakeClock()
     settings = OperatorSettings(
         hf_http_timeout_seconds=30, orphan_retry_initial_seconds=5, orphan_retry_max_seconds=60,

@@ -11,7 +11,6 @@ from typing import Any
 STORE_VOLUME_TYPES: dict[str, str] = {
     "csi": "restricted",
     "nfs": "baseline",
-    "cephfs": "baseline",
     "hostPath": "privileged",  # single-node dev clusters only: baseline forbids hostPath
 }
 _PREFIX_OK = re.compile(r"^[a-z]([a-z0-9-]{0,14}[a-z0-9])?$")
