@@ -23,7 +23,7 @@ from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.episode import finalize_episode, reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
-from posttrain_operator.runtime import build_context
+from posttrain_operator.runtime import build_context, serve_metrics
 
 EPISODES = (GROUP, VERSION, "episodes")
 AGENTJOBS = (GROUP, VERSION, "agentjobs")
@@ -35,14 +35,17 @@ def _namespaced(namespace: str | None) -> str:
     return namespace
 
 
-async def _run(step: Awaitable[Any]) -> None:
+async def _run(memo: kopf.Memo, kind: str, step: Awaitable[Any]) -> None:
     """Transient failures become kopf retries; the reconcilers are idempotent, so a retry is safe."""
     try:
         await step
-    except Retry as exc:
-        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
-    except (Conflict, BackendError) as exc:
-        raise kopf.TemporaryError(str(exc), delay=5) from exc
+    except Exception as exc:
+        memo.ctx.metrics.reconcile_errors.labels(kind, type(exc).__name__).inc()
+        if isinstance(exc, Retry):
+            raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+        if isinstance(exc, (Conflict, BackendError)):
+            raise kopf.TemporaryError(str(exc), delay=5) from exc
+        raise
 
 
 @kopf.on.startup()
@@ -65,6 +68,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.active = ActiveJobs()
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
     memo.broker = await broker.serve(memo.ctx)
+    memo.metrics = await serve_metrics(memo.ctx)
     log.info("posttrain-operator started with backends: %s", ", ".join(memo.ctx.backends) or "none")
 
 
@@ -74,6 +78,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await memo.poller
     await memo.broker.cleanup()
+    await memo.metrics.cleanup()
     await memo.ctx.kube.close()
 
 
@@ -82,12 +87,20 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 async def agentjob_reconcile(
     namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
-    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name, observed=dict(body)))
+    await _run(
+        memo, "AgentJob", reconcile_agentjob(memo.ctx, _namespaced(namespace), name, observed=dict(body))
+    )
 
 
 @kopf.on.event(*AGENTJOBS)
 def agentjob_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
     memo.active.observe(dict(body), deleted=type == "DELETED")
+    memo.ctx.metrics.view.observe_job(body, deleted=type == "DELETED")
+
+
+@kopf.on.event(*EPISODES)
+def episode_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.ctx.metrics.view.observe_episode(body, deleted=type == "DELETED")
 
 
 @kopf.on.delete(*AGENTJOBS)
@@ -116,7 +129,8 @@ async def episode_tick(
             # each event's body whole and never edits one, so a shallow snapshot is enough (a deep
             # copy, managed fields and all, cost three times the tick's own work).
             await reconcile_episode(memo.ctx, _namespaced(namespace), name, dict(body))
-        except Exception:
+        except Exception as exc:
+            memo.ctx.metrics.reconcile_errors.labels("Episode", type(exc).__name__).inc()
             log.exception("reconciling episode %s/%s failed; retrying", namespace, name)
         await stopped.wait(memo.ctx.settings.episode_tick_seconds)
 

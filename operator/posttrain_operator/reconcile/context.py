@@ -14,6 +14,7 @@ from posttrain_operator.api.rules import format_time, now_utc
 from posttrain_operator.backends.base import Backend
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Kube
+from posttrain_operator.metrics import OperatorMetrics
 
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 
@@ -40,6 +41,7 @@ class Context:
     clock: Callable[[], datetime] = now_utc
     locks: KeyedLocks = field(default_factory=KeyedLocks)
     emit: EventSink = _no_events
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
     def set_condition(
         self,
