@@ -16,8 +16,10 @@ def _rules(scope: str, group: str, resource: str, *verbs: str) -> set[Rule]:
     return {(scope, group, resource, verb) for verb in verbs}
 
 
-FRAMEWORK = _rules("cluster", "apiextensions.k8s.io", "customresourcedefinitions", "list", "watch") | _rules(
-    "cluster", "authentication.k8s.io", "tokenreviews", "create"
+FRAMEWORK = (
+    _rules("cluster", "apiextensions.k8s.io", "customresourcedefinitions", "list", "watch")
+    | _rules("cluster", "authentication.k8s.io", "tokenreviews", "create")
+    | _rules("cluster", "authorization.k8s.io", "subjectaccessreviews", "create")
 )
 
 
