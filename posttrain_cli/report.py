@@ -112,7 +112,8 @@ def episode_figure(ep: Obj, jobs: list[Obj], now: datetime) -> bytes:
     budget = int(ledger.get("budgetMicroUSD") or 0)
     found = bars(ep, jobs, now)
     span = max([b.end for b in found] + [1.0])
-    fig, (timeline, spend, steps) = plt.subplots(3, 1, figsize=(10, 9), constrained_layout=True)
+    fig, (timeline, spend, steps) = plt.subplots(3, 1, figsize=(10, 9), sharex=True, constrained_layout=True)
+    timeline.set_xlim(0, span * 1.02)
     reward = status.get("reward")
     fig.suptitle(
         f"{ep['metadata']['name']}: {status.get('outcome') or status.get('phase') or 'Pending'}, "
@@ -141,7 +142,9 @@ def episode_figure(ep: Obj, jobs: list[Obj], now: datetime) -> bytes:
     spend.axhline(budget / 1e6, color=BUDGET_COLOR, linestyle="--", linewidth=1.5, label="budget")
     spend.set_ylabel("USD")
     spend.set_xlabel("seconds since the episode started")
-    spend.set_title(f"cumulative spend ${micro_to_usd(curve[-1][1])} of ${micro_to_usd(budget)}")
+    spend.set_title(
+        f"cumulative spend: {micro_to_usd(curve[-1][1])} of the {micro_to_usd(budget)} USD budget"
+    )
     spend.set_ylim(bottom=0)
     spend.legend(fontsize=7)
 
