@@ -8,12 +8,14 @@ counted at scrape time from the last body each watch delivered, so it costs noth
 
 from __future__ import annotations
 
+import math
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from posttrain_operator.backends.base import CallStats
@@ -21,14 +23,26 @@ from posttrain_operator.backends.base import CallStats
 # Create -> Admitted covers a watch event, two reads, a ledger compare-and-swap: milliseconds to
 # seconds on a healthy cluster, up to minutes when the API server or the price lookup struggles.
 ADMISSION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, math.inf)
 NONE = "None"  # the label value of a phase or outcome not set yet
+
+
+@dataclass(frozen=True)
+class EpisodeSeen:
+    phase: str
+    outcome: str
+    orphans: int
+    budget: int
+    reserved: int
+    settled: int
+    reward: float | None
 
 
 class WatchView:
     """Episodes and AgentJobs as the watches last delivered them, reduced to what the gauges show."""
 
     def __init__(self) -> None:
-        self.episodes: dict[tuple[str, str], tuple[str, str, int]] = {}
+        self.episodes: dict[tuple[str, str], EpisodeSeen] = {}
         self.jobs: dict[tuple[str, str], tuple[str, str]] = {}
 
     def observe_episode(self, body: Mapping[str, Any], deleted: bool = False) -> None:
@@ -37,8 +51,17 @@ class WatchView:
         if deleted:
             self.episodes.pop(key, None)
             return
-        orphans = len(status.get("orphanedJobs") or [])
-        self.episodes[key] = (status.get("phase") or "Pending", status.get("outcome") or NONE, orphans)
+        ledger = status.get("ledger") or {}
+        reward = status.get("reward")
+        self.episodes[key] = EpisodeSeen(
+            phase=status.get("phase") or "Pending",
+            outcome=status.get("outcome") or NONE,
+            orphans=len(status.get("orphanedJobs") or []),
+            budget=int(ledger.get("budgetMicroUSD") or 0),
+            reserved=int(ledger.get("reservedMicroUSD") or 0),
+            settled=int(ledger.get("settledMicroUSD") or 0),
+            reward=float(reward) if reward is not None else None,
+        )
 
     def observe_job(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         meta, status = body["metadata"], body.get("status") or {}
@@ -60,9 +83,36 @@ class _ViewCollector(Collector):
             "Episodes by phase and outcome, as the watch sees them",
             labels=["phase", "outcome"],
         )
-        for (phase, outcome), n in sorted(Tally((p, o) for p, o, _ in self.view.episodes.values()).items()):
+        seen = list(self.view.episodes.values())
+        for (phase, outcome), n in sorted(Tally((e.phase, e.outcome) for e in seen).items()):
             episodes.add_metric([phase, outcome], n)
         yield episodes
+        for name, field_, what in (
+            ("budget", "budget", "Budgets"),
+            ("reserved", "reserved", "Reservations on the ledgers"),
+            ("settled", "settled", "Settled agent spend"),
+        ):
+            family = GaugeMetricFamily(
+                f"posttrain_episode_{name}_microdollars",
+                f"{what} of the Episodes the watch sees, summed by phase",
+                labels=["phase"],
+            )
+            totals: Tally[str] = Tally()
+            for e in seen:
+                totals[e.phase] += getattr(e, field_)
+            for phase, total in sorted(totals.items()):
+                family.add_metric([phase], total)
+            yield family
+        rewards = sorted(e.reward for e in seen if e.reward is not None)
+        yield GaugeHistogramMetricFamily(
+            "posttrain_episode_reward",
+            "Rewards of the ended Episodes the watch sees (GraderFailed ones have none)",
+            buckets=[
+                (str(le) if le != math.inf else "+Inf", sum(1 for r in rewards if r <= le))
+                for le in REWARD_BUCKETS
+            ],
+            gsum_value=sum(rewards),
+        )
         jobs = GaugeMetricFamily(
             "posttrain_agentjobs",
             "AgentJobs by phase and purpose, as the watch sees them",
@@ -74,7 +124,7 @@ class _ViewCollector(Collector):
         yield GaugeMetricFamily(
             "posttrain_orphaned_jobs",
             "Jobs whose cancellation the backend has not confirmed (listed in Episodes' status.orphanedJobs)",
-            value=sum(n for _, _, n in self.view.episodes.values()),
+            value=sum(e.orphans for e in self.view.episodes.values()),
         )
 
 

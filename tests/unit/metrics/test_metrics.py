@@ -119,3 +119,23 @@ def test_gateway_counts_refusals_by_reason_and_bounds_tool_names() -> None:
     for reason, n in {"budget": 1, "step_limit": 1, "validation": 1, "auth": 1, "time_limit": 0}.items():
         assert got[("posttrain_gateway_refusals_total", (("reason", reason),))] == n
     assert not any("made_up" in str(key) for key in got)
+
+
+def test_watch_view_sums_ledgers_by_phase_and_bins_rewards() -> None:
+    m = OperatorMetrics()
+    for name, phase, reward, settled in (("a", "Completed", "1", 300), ("b", "Completed", "0.25", 100),
+                                         ("c", "Running", None, 50)):  # fmt: skip
+        body = episode(name, phase, "Scored" if reward else None)
+        body["status"]["ledger"] = {"budgetMicroUSD": 1000, "settledMicroUSD": settled, "reservedMicroUSD": 7}
+        if reward:
+            body["status"]["reward"] = reward
+        m.view.observe_episode(body)
+
+    got = samples(m.exposition())
+    assert got[("posttrain_episode_budget_microdollars", (("phase", "Completed"),))] == 2000
+    assert got[("posttrain_episode_settled_microdollars", (("phase", "Completed"),))] == 400
+    assert got[("posttrain_episode_reserved_microdollars", (("phase", "Running"),))] == 7
+    assert got[("posttrain_episode_reward_bucket", (("le", "0.2"),))] == 0
+    assert got[("posttrain_episode_reward_bucket", (("le", "0.3"),))] == 1
+    assert got[("posttrain_episode_reward_bucket", (("le", "1.0"),))] == 2
+    assert got[("posttrain_episode_reward_gcount", ())] == 2
