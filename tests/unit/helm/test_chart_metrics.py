@@ -94,8 +94,9 @@ def test_dashboard_configmap_holds_panels_over_the_exposed_metrics() -> None:
     ):
         assert wanted in titles, wanted
     for metric in (
-        "posttrain_episode_budget_microdollars", "posttrain_episode_settled_microdollars", "posttrain_agentjobs",
-        "posttrain_agentjob_rejections_total", "posttrain_gateway_refusals_total", "posttrain_episode_reward_bucket",
-        "posttrain_backend_requests_total", "posttrain_admission_latency_seconds_bucket",
+        "posttrain_episode_budget_microdollars", "posttrain_episode_settled_microdollars",
+        "posttrain_agentjobs", "posttrain_agentjob_rejections_total", "posttrain_gateway_refusals_total",
+        "posttrain_episode_reward_bucket", "posttrain_backend_requests_total",
+        "posttrain_admission_latency_seconds_bucket",
     ):  # fmt: skip
         assert metric in exprs, metric
