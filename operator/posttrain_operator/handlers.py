@@ -92,14 +92,16 @@ async def agentjob_reconcile(
     )
 
 
+# Async, so kopf runs them on the event loop beside the poller and the metrics endpoint that read
+# what they record (a sync handler would run in a worker thread).
 @kopf.on.event(*AGENTJOBS)
-def agentjob_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
+async def agentjob_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
     memo.active.observe(dict(body), deleted=type == "DELETED")
     memo.ctx.metrics.view.observe_job(body, deleted=type == "DELETED")
 
 
 @kopf.on.event(*EPISODES)
-def episode_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
+async def episode_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
     memo.ctx.metrics.view.observe_episode(body, deleted=type == "DELETED")
 
 

@@ -118,7 +118,7 @@ class _ViewCollector(Collector):
             "AgentJobs by phase and purpose, as the watch sees them",
             labels=["phase", "purpose"],
         )
-        for (phase, purpose), n in sorted(Tally(self.view.jobs.values()).items()):
+        for (phase, purpose), n in sorted(Tally(list(self.view.jobs.values())).items()):
             jobs.add_metric([phase, purpose], n)
         yield jobs
         yield GaugeMetricFamily(
