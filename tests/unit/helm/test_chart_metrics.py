@@ -61,7 +61,7 @@ def test_metrics_off_renders_no_service_monitor_or_metrics_port_rule() -> None:
         "dashboard": {"enabled": False},
     }
     docs = render({"metrics": off}, api_versions=MONITORING)
-    assert find(docs, "ServiceMonitor") == [] and find(docs, "ConfigMap") == []
+    assert find(docs, "ServiceMonitor") == [] and find(docs, "ConfigMap", f"{FULL}-dashboard") == []
     assert not [s for s in find(docs, "Service") if s["metadata"]["name"].endswith("-metrics")]
     policy = one(docs, "NetworkPolicy", f"{FULL}-operator")
     assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [8081]
@@ -80,7 +80,7 @@ def test_operator_network_policy_opens_the_metrics_port_to_scrape_from_only() ->
 
 def test_dashboard_configmap_holds_panels_over_the_exposed_metrics() -> None:
     docs = render()
-    (configmap,) = find(docs, "ConfigMap")
+    configmap = one(docs, "ConfigMap", f"{FULL}-dashboard")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(configmap["data"]["posttrain.json"])
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
