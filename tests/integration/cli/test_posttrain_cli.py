@@ -39,12 +39,12 @@ def posttrain(
 
 
 def _episode_with_jobs(kubectl: Kubectl, namespace: str) -> None:
-    """ep: one job that ran and settled one minute, one refused for the budget."""
-    apply(kubectl, namespace, episode_manifest("ep", budget="0.002"))
+    """ep: one job that ran and settled one minute, one refused for the budget (as in test_metrics)."""
+    apply(kubectl, namespace, episode_manifest("ep", budget="0.0018"))
     wait_phase(kubectl, namespace, "episode", "ep", {"Running"})
     apply(kubectl, namespace, agentjob_manifest("ran", "ep", timeoutSeconds=600))
     wait_phase(kubectl, namespace, "agentjob", "ran", {"Succeeded"})
-    apply(kubectl, namespace, agentjob_manifest("too-big", "ep", timeoutSeconds=1200))
+    apply(kubectl, namespace, agentjob_manifest("too-big", "ep", timeoutSeconds=600))
     wait_phase(kubectl, namespace, "agentjob", "too-big", {"Rejected"})
     wait_for(lambda: get(kubectl, namespace, "episode", "ep")["status"]["ledger"]["settledMicroUSD"],
              what="the ledger to settle")  # fmt: skip

@@ -70,14 +70,15 @@ def test_metrics_follow_the_ledger_through_an_episode(
     _, before = scrape(url)
     assert value(before, "posttrain_settled_microdollars_total", payer="agent") == 0
 
-    apply(kubectl, namespace, episode_manifest("metered-ep", budget="0.002"))
+    apply(kubectl, namespace, episode_manifest("metered-ep", budget="0.0018"))
     wait_phase(kubectl, namespace, "episode", "metered-ep", {"Running"})
     apply(kubectl, namespace, agentjob_manifest("metered-job", "metered-ep", timeoutSeconds=600))
     wait_phase(kubectl, namespace, "agentjob", "metered-job", {"Succeeded"})
-    # 600 s reserves 10 minutes x $0.000167 = $0.00167; with that settled at one minute, 0.00183 is
-    # left, so a second 600 s job does not fit.
-    apply(kubectl, namespace, agentjob_manifest("metered-big", "metered-ep", timeoutSeconds=1200))
-    wait_phase(kubectl, namespace, "agentjob", "metered-big", {"Rejected"})
+    # 600 s reserves 10 minutes x $0.000167 = $0.00167; with the first settled at one minute, $0.001633
+    # of the $0.0018 is left, so a second 600 s job does not fit.
+    apply(kubectl, namespace, agentjob_manifest("metered-big", "metered-ep", timeoutSeconds=600))
+    big = wait_phase(kubectl, namespace, "agentjob", "metered-big", {"Rejected"})
+    assert big["status"]["reason"] == "BudgetExceeded"
     ledger = wait_for(
         lambda: (led := get(kubectl, namespace, "episode", "metered-ep")["status"]["ledger"])[
             "settledMicroUSD"
