@@ -47,8 +47,9 @@ class Cluster:
 
     def bearer_token(self) -> str | None:
         """The caller's own bearer token, as kubectl would send it (None for client certificates)."""
-        header = self.api.configuration.api_key.get("authorization") or ""
-        return header.removeprefix("Bearer ").strip() or None
+        # Through the client's own lookup, which runs its refresh hook (exec plugins, expiring tokens).
+        header = self.api.configuration.get_api_key_with_prefix("BearerToken", alias="authorization") or ""
+        return str(header).removeprefix("Bearer ").strip() or None
 
     def episodes(self, all_namespaces: bool = False) -> list[Obj]:
         if all_namespaces:

@@ -24,7 +24,6 @@ from pathlib import Path
 from posttrain_operator.api.rules import token_hash
 
 from posttrain_cli.kube import CliError, Cluster
-from posttrain_cli.report import episode_report, namespace_report
 from posttrain_cli.views import EPISODE_COLUMNS, describe, episode_row, table
 
 DONE_PHASES = ("Completed", "Failed")
@@ -121,6 +120,8 @@ def cmd_token(cluster: Cluster, args: argparse.Namespace) -> None:
 
 
 def cmd_report(cluster: Cluster, args: argparse.Namespace) -> None:
+    from posttrain_cli.report import episode_report, namespace_report  # matplotlib: only for reports
+
     now = _now()
     if args.episode:
         page, png = episode_report(cluster.episode(args.episode), cluster.agentjobs(args.episode), now)

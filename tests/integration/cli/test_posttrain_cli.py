@@ -121,6 +121,9 @@ def test_watch_follows_an_episode_until_it_ends(
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
+        assert watcher.stdout is not None
+        seen = [watcher.stdout.readline(), watcher.stdout.readline()]  # the header, then the episode
+        assert seen[1].split()[:2] == ["ep", "Running"], seen
         # What the gateway does on each tool call; at the limit the operator ends the episode.
         for steps in (1, 2):
             kubectl("-n", namespace, "patch", "episode", "ep", "--subresource=status", "--type=merge",
@@ -129,9 +132,9 @@ def test_watch_follows_an_episode_until_it_ends(
     finally:
         watcher.kill()
     assert watcher.returncode == 0, err
-    phases = [line.split()[1] for line in out.splitlines()[1:] if line.startswith("ep ")]
-    assert phases[0] == "Running" and phases[-1] == "Completed", out
-    assert any(line.split()[4] == "2" for line in out.splitlines()[1:] if line.startswith("ep ")), out
+    rows = [line.split() for line in [*seen, *out.splitlines()] if line.startswith("ep ")]
+    assert rows[0][1] == "Running" and rows[-1][1:3] == ["Completed", "LimitReached"], rows
+    assert [r[4] for r in rows] == sorted(r[4] for r in rows) and rows[-1][4] == "2"  # steps, as they grew
 
 
 def test_logs_are_read_as_the_caller_and_refused_without_rbac(
