@@ -3,15 +3,9 @@ HF emulator): the counters move exactly as the Episode's ledger does, and no nam
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devstack import cluster as devcluster
-from devstack.hf_emulator import HfEmulator
 from tests.conftest import Kubectl
 from tests.helpers import wait_for
 from tests.integration.conftest import (
@@ -20,7 +14,6 @@ from tests.integration.conftest import (
     apply,
     episode_manifest,
     get,
-    running_operator,
     wait_phase,
 )
 
@@ -45,28 +38,11 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
-@pytest.fixture
-def metered_operator(
-    cluster: devcluster.ClusterState, crds: None, emulator: HfEmulator, tmp_path: Path, namespace: str
-) -> Iterator[tuple[OperatorProcess, str]]:
-    port = devcluster.free_port()
-    with running_operator(
-        cluster,
-        emulator,
-        tmp_path,
-        namespace,
-        POSTTRAIN_METRICS_HOST="127.0.0.1",
-        POSTTRAIN_METRICS_PORT=str(port),
-    ) as op:
-        op.wait_ready()
-        yield op, f"http://127.0.0.1:{port}"
-
-
 def test_metrics_follow_the_ledger_through_an_episode(
-    kubectl: Kubectl, namespace: str, metered_operator: tuple[OperatorProcess, str]
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
-    _, url = metered_operator
-    wait_for(lambda: "metrics listening" in metered_operator[0].current_log(), what="the metrics port")
+    url = operator.metrics_url
+    wait_for(lambda: "metrics listening" in operator.current_log(), what="the metrics port", timeout=120)
     _, before = scrape(url)
     assert value(before, "posttrain_settled_microdollars_total", payer="agent") == 0
 
