@@ -100,3 +100,14 @@ def test_dashboard_configmap_holds_panels_over_the_exposed_metrics() -> None:
         "posttrain_admission_latency_seconds_bucket",
     ):  # fmt: skip
         assert metric in exprs, metric
+
+
+def test_a_fenced_gateway_still_lets_scrapers_reach_its_metrics() -> None:
+    orchestrators = {"podSelector": {"matchLabels": {"app": "trainer"}}}
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    docs = render({"networkPolicy": {"enabled": True, "gatewayIngressFrom": [orchestrators]},
+                   "metrics": {"enabled": True, "serviceMonitor": {"enabled": True, "interval": "30s"},
+                               "dashboard": {"enabled": True}, "scrapeFrom": [scraper]}})  # fmt: skip
+    rules = one(docs, "NetworkPolicy", f"{FULL}-gateway")["spec"]["ingress"]
+    assert [r["from"] for r in rules] == [[orchestrators], [scraper]]
+    assert {p["port"] for r in rules for p in r["ports"]} == {8080}
