@@ -92,17 +92,12 @@ async def agentjob_reconcile(
     )
 
 
-# Async, so kopf runs them on the event loop beside the poller and the metrics endpoint that read
-# what they record (a sync handler would run in a worker thread).
+# Async, so kopf runs it on the event loop beside the poller and the metrics endpoint that read what
+# it records (a sync handler would run in a worker thread).
 @kopf.on.event(*AGENTJOBS)
 async def agentjob_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
     memo.active.observe(dict(body), deleted=type == "DELETED")
     memo.ctx.metrics.view.observe_job(body, deleted=type == "DELETED")
-
-
-@kopf.on.event(*EPISODES)
-async def episode_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.ctx.metrics.view.observe_episode(body, deleted=type == "DELETED")
 
 
 @kopf.on.delete(*AGENTJOBS)
@@ -126,6 +121,9 @@ async def episode_tick(
     **_: Any,
 ) -> None:
     while not stopped:
+        # The metrics' view of the Episode, from the same body: a tick behind at most, and no handler
+        # run (or log line) per watch event.
+        memo.ctx.metrics.view.observe_episode(body)
         try:
             # The body kopf keeps current from the watch: an idle tick costs no API call. kopf swaps in
             # each event's body whole and never edits one, so a shallow snapshot is enough (a deep
@@ -135,6 +133,8 @@ async def episode_tick(
             memo.ctx.metrics.reconcile_errors.labels("Episode", type(exc).__name__).inc()
             log.exception("reconciling episode %s/%s failed; retrying", namespace, name)
         await stopped.wait(memo.ctx.settings.episode_tick_seconds)
+    # Stopped: the Episode is being deleted, or the operator is stopping.
+    memo.ctx.metrics.view.observe_episode(body, deleted=True)
 
 
 @kopf.on.delete(*EPISODES)

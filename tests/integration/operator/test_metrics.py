@@ -69,10 +69,13 @@ def test_metrics_follow_the_ledger_through_an_episode(
         jobs = {
             ("Succeeded", "train"): value(now, "posttrain_agentjobs", phase="Succeeded", purpose="train"),
             ("Rejected", "train"): value(now, "posttrain_agentjobs", phase="Rejected", purpose="train"),
+            # The Episode as its daemon's last tick saw it: settled.
+            ("settled", ""): value(now, "posttrain_episode_settled_microdollars", phase="Running")
+            / CPU_BASIC_MICRO_PER_MINUTE,
         }
         return (text, now) if set(jobs.values()) == {1.0} else None
 
-    text, after = wait_for(caught_up, what="the watch view to show both jobs")
+    text, after = wait_for(caught_up, what="the watch view to show both jobs and the settled ledger")
     assert value(after, "posttrain_settled_microdollars_total", payer="agent") == ledger["settledMicroUSD"]
     assert value(after, "posttrain_settled_microdollars_total", payer="platform") == ledger.get(
         "platformMicroUSD", 0
@@ -81,6 +84,7 @@ def test_metrics_follow_the_ledger_through_an_episode(
     assert value(after, "posttrain_agentjob_rejections_total", reason="BudgetExceeded") == 1
     assert value(after, "posttrain_admission_latency_seconds_count", purpose="train") == 1
     assert value(after, "posttrain_episodes", phase="Running", outcome="None") == 1
+    assert value(after, "posttrain_episode_budget_microdollars", phase="Running") == 1800
     assert value(after, "posttrain_orphaned_jobs") == 0
     assert (
         value(after, "posttrain_backend_requests_total", backend="hf-jobs", route="run_job", status="ok") == 1
