@@ -141,29 +141,38 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="posttrain", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
-    p.add_argument("--context", help="kubeconfig context (default: the current one)")
-    p.add_argument("-n", "--namespace", help="namespace (default: the context's)")
+    # As with kubectl, the cluster options go before or after the command (`list -n team-a`).
+    common = argparse.ArgumentParser(add_help=False)
+    for target, default in ((p, None), (common, argparse.SUPPRESS)):
+        target.add_argument("--kubeconfig", default=default, help="kubeconfig file (default: $KUBECONFIG)")
+        target.add_argument(
+            "--context", default=default, help="kubeconfig context (default: the current one)"
+        )
+        target.add_argument("-n", "--namespace", default=default, help="namespace (default: the context's)")
     sub = p.add_subparsers(dest="command", required=True)
-    ls = sub.add_parser("list", help="episodes with their spend")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common])
+
+    ls = command("list", "episodes with their spend")
     ls.add_argument("-A", "--all-namespaces", action="store_true")
     ls.set_defaults(run=cmd_list)
-    w = sub.add_parser("watch", help="episodes, live")
+    w = command("watch", "episodes, live")
     w.add_argument("--until-done", action="store_true", help="exit once every episode seen has ended")
     w.add_argument("--timeout-seconds", type=int, default=300, help="re-open the watch after this long")
     w.set_defaults(run=cmd_watch)
-    d = sub.add_parser("describe", help="an episode and its ledger entries per job")
+    d = command("describe", "an episode and its ledger entries per job")
     d.add_argument("episode")
     d.set_defaults(run=cmd_describe)
-    lg = sub.add_parser("logs", help="an AgentJob's logs, through the operator's broker")
+    lg = command("logs", "an AgentJob's logs, through the operator's broker")
     lg.add_argument("job")
     lg.add_argument("--tail", type=int, default=100, help="last N lines (1..1000)")
     lg.add_argument("--broker-url", help=f"the operator's broker (default: ${BROKER_ENV})")
     lg.set_defaults(run=cmd_logs)
-    t = sub.add_parser("token", help="mint a fresh agent token for an episode (revokes the old one)")
+    t = command("token", "mint a fresh agent token for an episode (revokes the old one)")
     t.add_argument("episode")
     t.set_defaults(run=cmd_token)
-    r = sub.add_parser("report", help="an HTML report of EPISODE, or of the namespace's episodes")
+    r = command("report", "an HTML report of EPISODE, or of the namespace's episodes")
     r.add_argument("episode", nargs="?")
     r.add_argument("-o", "--output", help="HTML file (default: EPISODE.html or episodes-NAMESPACE.html)")
     r.add_argument("--png", help="also write the figure as a PNG file")
