@@ -139,13 +139,18 @@ def episode_figure(ep: Obj, jobs: list[Obj], now: datetime) -> bytes:
     spend.plot(
         [t for t, _ in curve], [m / 1e6 for _, m in curve], color=SPEND_COLOR, linewidth=3, label="settled"
     )
-    spend.axhline(budget / 1e6, color=BUDGET_COLOR, linestyle="--", linewidth=1.5, label="budget")
+    spent = curve[-1][1]
+    title = f"cumulative spend: {micro_to_usd(spent)} of the {micro_to_usd(budget)} USD budget"
+    if spent and spent * 10 < budget:
+        # A line along the axis says nothing: scale to the spend, and say where the budget is.
+        spend.set_ylim(0, spent * 1.3 / 1e6)
+        title += f" ({budget / spent:.0f}x the spend, above this scale)"
+    else:
+        spend.axhline(budget / 1e6, color=BUDGET_COLOR, linestyle="--", linewidth=1.5, label="budget")
+        spend.set_ylim(bottom=0)
     spend.set_ylabel("USD")
     spend.set_xlabel("seconds since the episode started")
-    spend.set_title(
-        f"cumulative spend: {micro_to_usd(curve[-1][1])} of the {micro_to_usd(budget)} USD budget"
-    )
-    spend.set_ylim(bottom=0)
+    spend.set_title(title)
     spend.legend(fontsize=7)
 
     agent = sorted(b.start for b in found if b.purpose != "score")
