@@ -25,6 +25,7 @@ from tests.integration.conftest import (
 from tests.unit.cli.report_pixels import inlined_png, pixels_of
 
 POSTTRAIN = Path(sys.executable).parent / "posttrain"  # the console script, as a user runs it
+READY_SECONDS = 300  # the operator's start-up (imports, first watches) on a loaded machine
 
 
 def posttrain(
@@ -77,6 +78,7 @@ def test_list_describe_and_reports_of_a_real_episode(
     operator: OperatorProcess,
     tmp_path: Path,
 ) -> None:
+    operator.wait_ready(timeout=READY_SECONDS)
     _episode_with_jobs(kubectl, namespace)
     kubeconfig = cluster.kubeconfig
 
@@ -114,6 +116,7 @@ def test_list_describe_and_reports_of_a_real_episode(
 def test_watch_follows_an_episode_until_it_ends(
     kubectl: Kubectl, cluster: devcluster.ClusterState, namespace: str, operator: OperatorProcess
 ) -> None:
+    operator.wait_ready(timeout=READY_SECONDS)
     apply(kubectl, namespace, episode_manifest("ep", budget="0.50", limits={"maxSteps": 2}))
     wait_phase(kubectl, namespace, "episode", "ep", {"Running"})
     watcher = subprocess.Popen(
@@ -144,6 +147,7 @@ def test_logs_are_read_as_the_caller_and_refused_without_rbac(
     executing_operator: OperatorProcess,
     tmp_path: Path,
 ) -> None:
+    executing_operator.wait_ready(timeout=READY_SECONDS)
     apply(kubectl, namespace, episode_manifest("ep", budget="0.50"))
     wait_phase(kubectl, namespace, "episode", "ep", {"Running"})
     apply(kubectl, namespace, agentjob_manifest("talker", "ep", script="print('hello from the job')"))
@@ -172,6 +176,7 @@ def test_token_replaces_the_agent_token_only_for_who_may_update_episodes(
     operator: OperatorProcess,
     tmp_path: Path,
 ) -> None:
+    operator.wait_ready(timeout=READY_SECONDS)
     apply(kubectl, namespace, episode_manifest("ep", budget="0.50"))
     before = wait_phase(kubectl, namespace, "episode", "ep", {"Running"})["status"]["agentTokenHash"]
     stranger = _service_account(kubectl, cluster, namespace, "stranger", tmp_path, reads_jobs=True)

@@ -42,7 +42,7 @@ def test_metrics_follow_the_ledger_through_an_episode(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
     url = operator.metrics_url
-    wait_for(lambda: "metrics listening" in operator.current_log(), what="the metrics port", timeout=120)
+    wait_for(lambda: "metrics listening" in operator.current_log(), what="the metrics port", timeout=300)
     _, before = scrape(url)
     assert value(before, "posttrain_settled_microdollars_total", payer="agent") == 0
 
