@@ -264,6 +264,8 @@ def _start_operator(
         POSTTRAIN_BROKER_HOST="127.0.0.1",
         POSTTRAIN_BROKER_PORT=str(broker_port),
         POSTTRAIN_BROKER_ALLOWED_USERS=json.dumps([gateway_user]),
+        POSTTRAIN_METRICS_HOST="127.0.0.1",
+        POSTTRAIN_METRICS_PORT=str(cluster.free_port()),
     )
     pids["operator"] = _spawn(
         "operator",

@@ -16,6 +16,7 @@ from starlette.datastructures import Headers
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
 from env_gateway.kube import Kube
+from env_gateway.metrics import GatewayMetrics
 
 MAX_TOKEN_CHARS = 512
 
@@ -61,9 +62,10 @@ def orchestrator_credential(headers: Headers) -> str | None:
 class Authenticator:
     """Checks credentials, and issues the agent tokens `reset` hands to the orchestrator."""
 
-    def __init__(self, settings: GatewaySettings, kube: Kube) -> None:
+    def __init__(self, settings: GatewaySettings, kube: Kube, metrics: GatewayMetrics | None = None) -> None:
         self.settings = settings
         self.kube = kube
+        self.metrics = metrics or GatewayMetrics()
         self._by_hash: dict[str, str] = {}  # sha256(token) -> episode name, learned from lists
 
     def is_orchestrator(self, token: str | None) -> bool:
@@ -71,6 +73,13 @@ class Authenticator:
         return token is not None and hmac.compare_digest(token.encode(), expected)
 
     def require_orchestrator(self, token: str | None) -> None:
+        try:
+            self._require_orchestrator(token)
+        except AuthFailure:
+            self.metrics.refused_auth()
+            raise
+
+    def _require_orchestrator(self, token: str | None) -> None:
         if token is None:
             raise AuthFailure(
                 401, "missing_token", "this surface needs `Authorization: Bearer <orchestrator token>`"
@@ -80,6 +89,13 @@ class Authenticator:
 
     async def agent_episode(self, token: str | None) -> EpisodeView:
         """The one Episode whose agentTokenHash is sha256(token), compared in constant time."""
+        try:
+            return await self._agent_episode(token)
+        except AuthFailure:
+            self.metrics.refused_auth()
+            raise
+
+    async def _agent_episode(self, token: str | None) -> EpisodeView:
         if token is None:
             raise AuthFailure(
                 401, "missing_token", "the agent surface needs `Authorization: Bearer <agent token>`"

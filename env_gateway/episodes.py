@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +25,7 @@ from env_gateway.broker import BrokerClient
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeRef, EpisodeView
 from env_gateway.kube import Kube, Refused
+from env_gateway.metrics import GatewayMetrics
 from env_gateway.schemas import Outcome, ToolFailure
 from env_gateway.steps import StepCounter, StepLimitReached
 from env_gateway.tools import CREATED_BY, CREATED_BY_LABEL, TOOLS, ToolContext
@@ -65,12 +67,14 @@ class Episodes:
         broker: BrokerClient,
         auth: Authenticator,
         clock: Callable[[], datetime] = now_utc,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.kube = kube
         self.broker = broker
         self.auth = auth
         self.clock = clock
+        self.metrics = metrics or GatewayMetrics(frozenset(TOOLS))
         self.steps = StepCounter(kube.read_episode, kube.set_steps, lambda b: EpisodeView.parse(b).max_steps)
 
     async def load(self, ref: EpisodeRef, *, fresh: bool = False) -> EpisodeView:
@@ -85,6 +89,13 @@ class Episodes:
     async def call_tool(self, episode: EpisodeView, name: str, arguments: Any) -> Outcome:
         """Every tool call on every path, on the caller's episode (as just read): arguments, phase,
         step limit, wall time, a durable step count, then the tool. Every failure becomes an Outcome."""
+        started = time.monotonic()
+        outcome = await self._call_tool(episode, name, arguments)
+        code = outcome.error.code if outcome.error is not None else None
+        self.metrics.called(name, code, time.monotonic() - started)
+        return outcome
+
+    async def _call_tool(self, episode: EpisodeView, name: str, arguments: Any) -> Outcome:
         try:
             spec = TOOLS.get(name)
             if spec is None:

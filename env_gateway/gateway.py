@@ -12,6 +12,8 @@ from env_gateway.broker import BrokerClient
 from env_gateway.config import GatewaySettings
 from env_gateway.episodes import Episodes
 from env_gateway.kube import Kube, make_api_client
+from env_gateway.metrics import GatewayMetrics
+from env_gateway.tools import TOOLS
 
 
 @dataclass(frozen=True)
@@ -22,17 +24,20 @@ class Gateway:
 
 
 @contextlib.asynccontextmanager
-async def open_gateway(settings: GatewaySettings, kube: Kube | None = None) -> AsyncIterator[Gateway]:
+async def open_gateway(
+    settings: GatewaySettings, kube: Kube | None = None, metrics: GatewayMetrics | None = None
+) -> AsyncIterator[Gateway]:
     """The gateway and its clients (Kubernetes, the operator's broker), closed on the way out; a `kube`
     given by the caller stays the caller's. Yields once the namespace's Episodes and AgentJobs are
     mirrored (so the app is not ready before it can answer from them)."""
     own_kube = kube is None
     k = kube or Kube(await make_api_client(settings.kubeconfig))
     broker = BrokerClient(settings.broker_url, settings.broker_token_file)
-    auth = Authenticator(settings, k)
+    metrics = metrics or GatewayMetrics(frozenset(TOOLS))
+    auth = Authenticator(settings, k, metrics)
     try:
         async with k.mirrored(settings.namespace):
-            yield Gateway(settings, auth, Episodes(settings, k, broker, auth))
+            yield Gateway(settings, auth, Episodes(settings, k, broker, auth, metrics=metrics))
     finally:
         await broker.close()
         if own_kube:

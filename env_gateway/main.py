@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, WebSocket
+from fastapi import Depends, FastAPI, Response, WebSocket
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import HTTPConnection
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from env_gateway import __version__
 from env_gateway.config import GatewaySettings
@@ -19,7 +21,9 @@ from env_gateway.gateway import Gateway, open_gateway
 from env_gateway.http_mcp import HybridMcp
 from env_gateway.kube import Kube
 from env_gateway.mcp_sdk import build_session_manager
+from env_gateway.metrics import ROUTES, GatewayMetrics
 from env_gateway.sessions import Sessions
+from env_gateway.tools import TOOLS
 from env_gateway.wire import ACTION_SCHEMA, OBSERVATION_SCHEMA, RESET_OBSERVATION_SCHEMA, STATE_SCHEMA
 from env_gateway.ws import OrchestratorSocket
 
@@ -55,12 +59,41 @@ class _Mcp:
         await serving(HTTPConnection(scope)).mcp(scope, receive, send)
 
 
+class _Timed:
+    """Times every HTTP request by route (the app's own paths; anything else is `other`), method and
+    status. A plain ASGI wrapper: it leaves streamed responses streaming."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.monotonic(), "500"
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = scope["path"] if scope["path"] in ROUTES else "other"
+            method = scope["method"] if scope["method"] in ("GET", "POST", "DELETE") else "other"
+            self.metrics.request_seconds.labels(route, method, status).observe(time.monotonic() - started)
+
+
 def create_app(settings: GatewaySettings, kube: Kube | None = None) -> FastAPI:
     sessions = Sessions(settings.max_sessions)
+    metrics = GatewayMetrics(frozenset(TOOLS))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Serving]]:
-        async with open_gateway(settings, kube) as gateway:
+        async with open_gateway(settings, kube, metrics) as gateway:
             sdk = build_session_manager(gateway, settings)
             # The host app owns the lifespan: a mounted sub-app's lifespan would never run.
             async with sdk.run():
@@ -84,6 +117,12 @@ def create_app(settings: GatewaySettings, kube: Kube | None = None) -> FastAPI:
             "author": "posttrain-operator",
             "documentation_url": None,
         }
+
+    @app.get("/metrics", tags=["operations"], include_in_schema=False)
+    async def prometheus() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(_Timed, metrics=metrics)
 
     @app.get("/schema", tags=["openenv"])
     async def schema() -> dict[str, Any]:

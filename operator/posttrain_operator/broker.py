@@ -1,8 +1,10 @@
 """The operator's internal broker API: job logs and artifact listings, which need the backend
 credential that only the operator holds.
 
-Callers authenticate with their ServiceAccount token, which the broker checks with a TokenReview
-and an allow-list of usernames (the gateway's ServiceAccount). Every answer is bounded.
+Callers authenticate with a bearer token, which the broker checks with a TokenReview. The gateway's
+ServiceAccount (an allow-list of usernames) may read any job; anyone else (a person, with
+`posttrain logs`) only jobs in namespaces where RBAC lets them get AgentJobs, as a
+SubjectAccessReview for their own identity decides. Every answer is bounded.
 
     GET /healthz
     GET /v1/namespaces/{namespace}/agentjobs/{name}/logs?tail=N   -> {"lines": [...], "truncated": bool}
@@ -11,6 +13,7 @@ and an allow-list of usernames (the gateway's ServiceAccount). Every answer is b
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -19,6 +22,7 @@ from aiohttp import web
 
 from posttrain_operator.api.models import AgentJobStatus, status_of
 from posttrain_operator.backends.base import BackendError
+from posttrain_operator.k8s import Identity
 from posttrain_operator.reconcile.context import CREDENTIAL_REASONS, Context
 from posttrain_operator.reconcile.jobs import handle_of
 
@@ -32,30 +36,36 @@ CTX_KEY = web.AppKey("ctx", Context)
 REVIEWS_KEY = web.AppKey("reviews", dict)
 
 
-async def _authenticated_user(request: web.Request) -> str:
+async def _authorized(request: web.Request, namespace: str) -> Identity:
     header = request.headers.get("Authorization", "")
     if not header.startswith("Bearer ") or len(header) > 8192:
-        raise web.HTTPUnauthorized(text='{"error": "a bearer ServiceAccount token is required"}')
+        raise web.HTTPUnauthorized(text='{"error": "a bearer token is required"}')
     token = header.removeprefix("Bearer ").strip()
-    reviews: dict[str, tuple[float, str | None]] = request.app[REVIEWS_KEY]
+    ctx = request.app[CTX_KEY]
+    reviews: dict[str, tuple[float, Identity | None]] = request.app[REVIEWS_KEY]
     cached = reviews.get(token)
     if cached is None or time.monotonic() - cached[0] > TOKEN_CACHE_SECONDS:
-        user = await request.app[CTX_KEY].kube.review_token(token)
+        who = await ctx.kube.review_token(token)
         if len(reviews) > 1000:
             reviews.clear()
-        reviews[token] = cached = (time.monotonic(), user)
-    user = cached[1]
-    if user is None:
+        reviews[token] = cached = (time.monotonic(), who)
+    who = cached[1]
+    if who is None:
         raise web.HTTPUnauthorized(text='{"error": "token rejected by TokenReview"}')
-    if user not in request.app[CTX_KEY].settings.broker_allowed_users:
-        raise web.HTTPForbidden(text=f'{{"error": "{user} may not use the broker"}}')
-    return user
+    if who.username in ctx.settings.broker_allowed_users:
+        return who
+    # Not cached: a RoleBinding removed takes effect on the next request.
+    if not await ctx.kube.may(who, "get", "agentjobs", namespace):
+        raise web.HTTPForbidden(
+            text=json.dumps({"error": f"{who.username} may not get agentjobs in namespace {namespace}"})
+        )
+    return who
 
 
 async def _job(request: web.Request) -> tuple[Context, dict[str, Any], AgentJobStatus]:
-    await _authenticated_user(request)
-    ctx = request.app[CTX_KEY]
     namespace, name = request.match_info["namespace"], request.match_info["name"]
+    await _authorized(request, namespace)
+    ctx = request.app[CTX_KEY]
     job = await ctx.kube.get_agentjob(namespace, name)
     if job is None:
         raise web.HTTPNotFound(text='{"error": "no such AgentJob"}')

@@ -79,6 +79,10 @@ class OperatorSettings(BaseSettings):
     # rotated ServiceAccount token, or a kubeconfig's tokenFile) rather than waiting for a 401.
     credentials_refresh_seconds: float = Field(default=60.0, gt=0)
 
+    # Prometheus metrics (GET /metrics), on their own port: the broker's is fenced to the gateway.
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = Field(default=8082, ge=0, le=65535)
+
     poll_interval_seconds: float = Field(default=10.0, gt=0)
     episode_tick_seconds: float = Field(default=2.0, gt=0)
     orphan_retry_initial_seconds: float = Field(default=5.0, gt=0)

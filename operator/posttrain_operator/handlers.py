@@ -27,7 +27,7 @@ from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.episode import finalize_episode, reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
-from posttrain_operator.runtime import build_context, check_backends
+from posttrain_operator.runtime import build_context, check_backends, serve_metrics
 
 EPISODES = (GROUP, VERSION, "episodes")
 AGENTJOBS = (GROUP, VERSION, "agentjobs")
@@ -48,15 +48,18 @@ def backoff(base: float, attempt: int) -> float:
     return float(min(MAX_RETRY_DELAY, base * 2 ** min(attempt, 16)))
 
 
-async def _run(step: Awaitable[Any], retry: int) -> None:
+async def _run(memo: kopf.Memo, kind: str, step: Awaitable[Any], retry: int) -> None:
     """Transient failures become kopf retries with backoff; the reconcilers are idempotent, so a retry
     is safe. kopf logs these without a traceback."""
     try:
         await step
-    except Retry as exc:
-        raise kopf.TemporaryError(str(exc), delay=backoff(exc.delay, retry)) from exc
-    except (Conflict, BackendError) as exc:
-        raise kopf.TemporaryError(str(exc), delay=backoff(5, retry)) from exc
+    except Exception as exc:
+        memo.ctx.metrics.reconcile_errors.labels(kind, type(exc).__name__).inc()
+        if isinstance(exc, Retry):
+            raise kopf.TemporaryError(str(exc), delay=backoff(exc.delay, retry)) from exc
+        if isinstance(exc, (Conflict, BackendError)):
+            raise kopf.TemporaryError(str(exc), delay=backoff(5, retry)) from exc
+        raise
 
 
 @kopf.on.login()
@@ -88,6 +91,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     memo.ctx = await build_context(config)
     await check_backends(memo.ctx)
+    memo.metrics = await serve_metrics(memo.ctx)
     memo.leadership = None
     if config.leader_election_namespace:
         # kopf watches nothing until this handler returns: a standby replica waits right here.
@@ -126,6 +130,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         with contextlib.suppress(Exception):  # best effort: otherwise the Lease simply expires
             await memo.leadership.release()
     await memo.broker.cleanup()
+    await memo.metrics.cleanup()
     await memo.ctx.kube.close()
 
 
@@ -134,12 +139,20 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 async def agentjob_reconcile(
     namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any
 ) -> None:
-    await _run(reconcile_agentjob(memo.ctx, _namespaced(namespace), name, observed=dict(body)), retry)
+    await _run(
+        memo,
+        "AgentJob",
+        reconcile_agentjob(memo.ctx, _namespaced(namespace), name, observed=dict(body)),
+        retry,
+    )
 
 
+# Async, so kopf runs it on the event loop beside the poller and the metrics endpoint that read what
+# it records (a sync handler would run in a worker thread).
 @kopf.on.event(*AGENTJOBS)
-def agentjob_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
+async def agentjob_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
     memo.active.observe(dict(body), deleted=type == "DELETED")
+    memo.ctx.metrics.view.observe_job(body, deleted=type == "DELETED")
 
 
 @kopf.on.delete(*AGENTJOBS)
@@ -166,25 +179,29 @@ async def episode_tick(
     failures = 0
     while not stopped:
         delay = tick
+        # The metrics' view of the Episode, from the same body: a tick behind at most, and no handler
+        # run (or log line) per watch event.
+        memo.ctx.metrics.view.observe_episode(body)
         try:
             # The body kopf keeps current from the watch: an idle tick costs no API call. kopf swaps in
             # each event's body whole and never edits one, so a shallow snapshot is enough (a deep
             # copy, managed fields and all, cost three times the tick's own work).
             await reconcile_episode(memo.ctx, _namespaced(namespace), name, dict(body))
             failures = 0
-        except (Retry, Conflict, BackendError, LookupError) as exc:
+        except Exception as exc:
+            memo.ctx.metrics.reconcile_errors.labels("Episode", type(exc).__name__).inc()
             failures += 1
             delay = backoff(tick, failures)
-            log.warning("episode %s/%s: %s; retrying in %.0fs", namespace, name, exc, delay)
-        except Exception:
-            # A bug: its traceback once, then one line per (backed-off) retry.
-            failures += 1
-            delay = backoff(tick, failures)
-            if failures == 1:
+            if isinstance(exc, (Retry, Conflict, BackendError, LookupError)):
+                log.warning("episode %s/%s: %s; retrying in %.0fs", namespace, name, exc, delay)
+            elif failures == 1:
+                # A bug: its traceback once, then one line per (backed-off) retry.
                 log.exception("reconciling episode %s/%s failed; retrying in %.0fs", namespace, name, delay)
             else:
                 log.warning("episode %s/%s failed again; retrying in %.0fs", namespace, name, delay)
         await stopped.wait(delay)
+    # Stopped: the Episode is being deleted, or the operator is stopping.
+    memo.ctx.metrics.view.observe_episode(body, deleted=True)
 
 
 @kopf.on.delete(*EPISODES)

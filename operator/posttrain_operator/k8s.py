@@ -1,6 +1,7 @@
 """Kubernetes API calls the operator makes beyond kopf's own: reads, compare-and-swap status writes,
-merge patches, creates, Events and TokenReviews. Nothing here decides anything, and no other module
-of the operator (the pods backend aside, which owns its own objects) calls the API."""
+merge patches, creates, Events, TokenReviews and SubjectAccessReviews. Nothing here decides
+anything, and no other module of the operator (the pods backend aside, which owns its own objects)
+calls the API."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -26,6 +27,16 @@ T = TypeVar("T")
 # A compare-and-swap callback: from the Episode as read and its status, the status to write (None:
 # nothing to write) and a result for the caller. It may run several times, so it must be pure.
 Mutate = Callable[[dict[str, Any], EpisodeStatus], tuple[EpisodeStatus | None, T]]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A caller as a TokenReview authenticated it."""
+
+    username: str
+    groups: tuple[str, ...] = ()
+    uid: str = ""
+    extra: dict[str, list[str]] = field(default_factory=dict)
 
 
 class Conflict(RuntimeError):
@@ -247,10 +258,31 @@ class Kube:
             raise
         return True
 
-    async def review_token(self, token: str) -> str | None:
-        """The username a bearer token authenticates as (TokenReview), or None if it is rejected."""
+    async def review_token(self, token: str) -> Identity | None:
+        """Who a bearer token authenticates as (TokenReview), or None if it is rejected."""
         review = await self.auth.create_token_review(
             client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))
         )
         status = review.status
-        return status.user.username if status and status.authenticated and status.user else None
+        if not (status and status.authenticated and status.user and status.user.username):
+            return None
+        user = status.user
+        return Identity(user.username, tuple(user.groups or ()), user.uid or "", dict(user.extra or {}))
+
+    async def may(self, who: Identity, verb: str, plural: str, namespace: str) -> bool:
+        """Whether RBAC lets `who` do `verb` on this group's `plural` in `namespace` (SubjectAccessReview)."""
+        api = client.AuthorizationV1Api(self.api_client)
+        review = await api.create_subject_access_review(
+            client.V1SubjectAccessReview(
+                spec=client.V1SubjectAccessReviewSpec(
+                    user=who.username,
+                    groups=list(who.groups),
+                    uid=who.uid or None,
+                    extra=who.extra or None,
+                    resource_attributes=client.V1ResourceAttributes(
+                        group=GROUP, resource=plural, verb=verb, namespace=namespace
+                    ),
+                )
+            )
+        )
+        return bool(review.status and review.status.allowed)

@@ -7,6 +7,9 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from posttrain_operator.backends.base import CREDENTIALS_MISSING, Backend, Health, SupportsHealthCheck
 from posttrain_operator.backends.hf_jobs import HfJobsBackend, HfJobsConfig, install_client_timeout
 from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
@@ -112,12 +115,14 @@ class EventRecorder:
 async def build_context(settings: OperatorSettings) -> Context:
     api_client = await make_api_client()
     kube = Kube.connect(api_client)
-    return Context(
+    ctx = Context(
         kube=kube,
         backends=build_backends(settings, api_client),
         settings=settings,
         emit=EventRecorder(kube, settings.instance),
     )
+    ctx.metrics.watch_backends(lambda: {name: b.stats for name, b in ctx.backends.items()})
+    return ctx
 
 
 async def check_backends(ctx: Context) -> None:
@@ -133,3 +138,18 @@ async def check_backends(ctx: Context) -> None:
             log.info("backend %s: %s", name, health.message)
         else:
             log.warning("backend %s is not usable (%s): %s", name, health.reason, health.message)
+
+
+async def serve_metrics(ctx: Context) -> web.AppRunner:
+    """GET /metrics in the Prometheus text format, on the metrics port (nothing else is served there)."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=ctx.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application(client_max_size=1024)
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, ctx.settings.metrics_host, ctx.settings.metrics_port).start()
+    log.info("metrics listening on %s:%d", ctx.settings.metrics_host, ctx.settings.metrics_port)
+    return runner

@@ -121,10 +121,15 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.broker_port = devcluster.free_port()
+        self.metrics_port = devcluster.free_port()
 
     @property
     def broker_url(self) -> str:
         return f"http://127.0.0.1:{self.broker_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("POSTTRAIN_")}
@@ -143,6 +148,8 @@ class OperatorProcess:
             POSTTRAIN_ORPHAN_RETRY_MAX_SECONDS="4",
             POSTTRAIN_BROKER_HOST="127.0.0.1",
             POSTTRAIN_BROKER_PORT=str(self.broker_port),
+            POSTTRAIN_METRICS_HOST="127.0.0.1",
+            POSTTRAIN_METRICS_PORT=str(self.metrics_port),
             POSTTRAIN_BROKER_ALLOWED_USERS=json.dumps([f"system:serviceaccount:{BROKER_NAMESPACE}:gateway"]),
         )
         env.update(self.extra_env)

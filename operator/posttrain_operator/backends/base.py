@@ -98,12 +98,37 @@ class ArtifactInfo:
 
 @dataclass
 class CallStats:
-    """Backend API calls made, by method: what the benchmarks read."""
+    """Backend API calls made, by method (what the benchmarks read), and how they ended, the retries
+    and the rate-limit waits (what the operator's metrics expose)."""
 
     calls: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[tuple[str, str], int] = field(default_factory=dict)  # (method, "ok" | HTTP status | error)
+    retries: dict[str, int] = field(default_factory=dict)
+    rate_limit_waits: int = 0
+    rate_limit_wait_seconds: float = 0.0
 
     def count(self, method: str) -> None:
         self.calls[method] = self.calls.get(method, 0) + 1
+
+    def ended(self, method: str, status: str) -> None:
+        self.outcomes[(method, status)] = self.outcomes.get((method, status), 0) + 1
+
+    def retried(self, method: str, rate_limited_for: float | None = None) -> None:
+        self.retries[method] = self.retries.get(method, 0) + 1
+        if rate_limited_for is not None:
+            self.rate_limit_waits += 1
+            self.rate_limit_wait_seconds += rate_limited_for
+
+
+def status_label(exc: BaseException) -> str:
+    """A bounded label for how a call failed: its HTTP status when it had one, else the error class."""
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None) or getattr(exc, "status", None)
+    if isinstance(code, int) and 100 <= code <= 599:
+        return str(code)
+    if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:
+        return "timeout"
+    return "error"
 
 
 class Backend(Protocol):

@@ -34,6 +34,7 @@ from posttrain_operator.backends.base import (
     RemoteStage,
     RemoteStatus,
     UnknownFlavor,
+    status_label,
 )
 
 T = TypeVar("T")
@@ -162,10 +163,12 @@ class HfJobsBackend:
         for attempt in range(1, attempts + 1):
             self.stats.count(method)
             try:
-                return await asyncio.to_thread(fn)
-            except JobNotFoundError:
+                result = await asyncio.to_thread(fn)
+            except JobNotFoundError as exc:
+                self.stats.ended(method, status_label(exc))
                 raise
             except Exception as exc:
+                self.stats.ended(method, status_label(exc))
                 if _credentials_rejected(exc):
                     raise BackendError(
                         f"{method}: Hugging Face refused the operator's token: {exc}",
@@ -178,8 +181,16 @@ class HfJobsBackend:
                     raise BackendError(
                         f"{method}: {exc} (after {attempts} attempts)", transient=True
                     ) from exc
-                delay = _retry_after(exc) or min(self.config.max_backoff_s, 0.5 * 2**attempt)
-                await asyncio.sleep(min(delay, self.config.max_backoff_s) * random.uniform(0.8, 1.2))
+                told = _retry_after(exc)
+                delay = min(
+                    told or min(self.config.max_backoff_s, 0.5 * 2**attempt), self.config.max_backoff_s
+                )
+                delay *= random.uniform(0.8, 1.2)
+                self.stats.retried(method, rate_limited_for=delay if told is not None else None)
+                await asyncio.sleep(delay)
+            else:
+                self.stats.ended(method, "ok")
+                return result
         raise AssertionError("unreachable")
 
     async def check(self) -> Health:

@@ -21,7 +21,7 @@ from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
-from posttrain_operator.api.rules import allowed_flavors, jobs_running, limits_in_force
+from posttrain_operator.api.rules import allowed_flavors, jobs_running, limits_in_force, parse_time
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
 from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_against_task
 from posttrain_operator.reconcile.context import BackendNotEnabled, Context
@@ -102,6 +102,7 @@ async def _reject(ctx: Context, job: dict[str, Any], status: AgentJobStatus, rej
     status = with_condition(ctx, job, status, cond.ADMITTED, False, rejection.reason, rejection.message)
     status = with_condition(ctx, job, status, cond.FINISHED, True, rejection.reason, rejection.message)
     await write_job_status(ctx, job, status)
+    ctx.metrics.rejections.labels(rejection.reason).inc()
     ctx.emit(job, "Warning", rejection.reason, rejection.message)
 
 
@@ -205,6 +206,12 @@ async def _admit(
         await _reject(ctx, job, status, update.result)
         return None
     reserved = 0 if platform else amount
+    if update.written:  # not a pass resumed after a crash, which found its reservation made
+        ctx.metrics.reserved.inc(reserved)
+        created = parse_time(meta.get("creationTimestamp"))
+        if created is not None:
+            waited = (ctx.clock() - created).total_seconds()
+            ctx.metrics.admission_seconds.labels(spec.purpose).observe(max(0.0, waited))
     message = f"reserved ${micro_to_usd(reserved)} at ${micro_to_usd(price)}/min for {spec.timeout_seconds}s"
     status = status.model_copy(
         update={

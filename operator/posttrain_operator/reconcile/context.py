@@ -14,6 +14,7 @@ from posttrain_operator.api.rules import format_time, now_utc
 from posttrain_operator.backends.base import CREDENTIALS_MISSING, CREDENTIALS_REJECTED, Backend, Health
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Kube
+from posttrain_operator.metrics import OperatorMetrics
 
 CREDENTIAL_REASONS = frozenset({CREDENTIALS_REJECTED, CREDENTIALS_MISSING})
 EventSink = Callable[[dict[str, Any], str, str, str], None]
@@ -56,6 +57,7 @@ class Context:
     health: dict[str, Health] = field(default_factory=dict)
     # True while another replica holds the leader's Lease: this one acts on nothing.
     standby: bool = False
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
     def set_condition(
         self,

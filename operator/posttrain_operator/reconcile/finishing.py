@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -104,20 +105,39 @@ async def _settle(ctx: Context, namespace: str, episode: str, name: str, cost: i
     """Release the job's reservation and charge `cost` (one compare-and-swap, which also takes the
     job off the orphan list); returns what the agent was charged."""
 
-    def settle(body: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, int]:
+    def settle(body: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, Settled]:
         new, charged = current, cost
         if name in current.ledger.entries or cost:
             ledger, charged, changed = ledger_math.settle(current.ledger, name, cost)
             if changed:
                 new = new.model_copy(update={"ledger": ledger})
         new = without_orphan(ctx, body, new, name) or new
-        return (None if new is current else new), charged
+        before, after = current.ledger, new.ledger
+        booked = Settled(
+            charged,
+            after.settled_micro_usd - before.settled_micro_usd,
+            after.platform_micro_usd - before.platform_micro_usd,
+        )
+        return (None if new is current else new), booked
 
     try:
-        return (await ctx.kube.update_episode_status(namespace, episode, settle)).result
+        update = await ctx.kube.update_episode_status(namespace, episode, settle)
     except LookupError:
         log.info("episode of %s/%s is gone; nothing to settle", namespace, name)
         return cost
+    if update.written:
+        ctx.metrics.settled.labels("agent").inc(update.result.agent)
+        ctx.metrics.settled.labels("platform").inc(update.result.platform)
+    return update.result.charged
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What one settlement charged the job, and what it added to the ledger's agent and platform totals."""
+
+    charged: int
+    agent: int
+    platform: int
 
 
 def _seen_by_backend(ctx: Context, remote: RemoteStatus | None) -> dict[str, Any]:

@@ -183,6 +183,7 @@ def test_listed_actions_are_denied_and_needed_ones_allowed(kubectl: Kubectl, rel
         (release.operator_user, "update", "episodes.posttrain.dev/status", release.namespace),
         (release.operator_user, "patch", "agentjobs.posttrain.dev/status", release.namespace),
         (release.operator_user, "create", "tokenreviews.authentication.k8s.io", None),
+        (release.operator_user, "create", "subjectaccessreviews.authorization.k8s.io", None),
     ]
     assert [a for a in allowed if not can_i(kubectl, *a)] == []
     assert [a for a in denied_actions(release) if can_i(kubectl, *a)] == []

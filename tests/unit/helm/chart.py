@@ -51,17 +51,23 @@ def run_helm(*args: str, values: dict[str, Any] | None = None) -> subprocess.Com
         )
 
 
-def render_text(values: dict[str, Any] | None = None, release: str = RELEASE) -> str:
+def render_text(
+    values: dict[str, Any] | None = None, release: str = RELEASE, api_versions: tuple[str, ...] = ()
+) -> str:
+    """`api_versions`: APIs the target cluster is to be taken to serve (`--api-versions`)."""
+    extra = [arg for version in api_versions for arg in ("--api-versions", version)]
     proc = run_helm(
-        "template", release, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
+        "template", release, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *extra,
         values=values,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
 
-def render(values: dict[str, Any] | None = None, release: str = RELEASE) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(render_text(values, release)) if d]
+def render(
+    values: dict[str, Any] | None = None, release: str = RELEASE, api_versions: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(render_text(values, release, api_versions)) if d]
 
 
 def render_error(values: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ FRAMEWORK = (
     | _rules("cluster", "authentication.k8s.io", "tokenreviews", "create")
     # The leader's Lease, in the release namespace only.
     | _rules(NAMESPACE, "coordination.k8s.io", "leases", "get", "create", "update")
+    | _rules("cluster", "authorization.k8s.io", "subjectaccessreviews", "create")
 )
 
 

@@ -41,6 +41,9 @@ SUFFIXES = (
     "-operator-pods",
     "-test",
     "-score-jobs",
+    "-operator-metrics",
+    "-gateway-metrics",
+    "-dashboard",
 )
 PODS_AND_HF = {**HF_VALUES, "pods": PODS}
 LOCKED_CONTAINER = {
@@ -72,6 +75,7 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
         ("ClusterRoleBinding", f"{FULL}-uninstall"),
         ("Job", f"{FULL}-uninstall"),
         ("ServiceAccount", f"{FULL}-uninstall"),
+        ("ConfigMap", f"{FULL}-dashboard"),
         ("ConfigMap", f"{FULL}-test"),
         ("Deployment", f"{FULL}-gateway"),
         ("Deployment", f"{FULL}-operator"),
@@ -84,6 +88,8 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
         ("RoleBinding", f"{FULL}-operator-leader"),
         ("Service", f"{FULL}-broker"),
         ("Service", f"{FULL}-gateway"),
+        ("Service", f"{FULL}-gateway-metrics"),
+        ("Service", f"{FULL}-operator-metrics"),
         ("ServiceAccount", f"{FULL}-gateway"),
         ("ServiceAccount", f"{FULL}-operator"),
         ("ValidatingAdmissionPolicy", f"{FULL}-score-jobs"),
@@ -124,7 +130,7 @@ def test_operator_runs_kopf_with_liveness_and_probes(default_docs: list[dict[str
         "-m", "posttrain_operator.handlers",
     ]  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"broker": 8081, "health": 8080}
+    assert ports == {"broker": 8081, "health": 8080, "metrics": 8082}
     assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "broker"}
     env = container_env(container)
     assert env["POSTTRAIN_LEADER_ELECTION_NAMESPACE"]["value"] == NAMESPACE
@@ -203,7 +209,8 @@ def test_network_policies_admit_only_the_gateway_to_the_broker(default_docs: lis
     assert policy["policyTypes"] == ["Ingress"]
     assert policy["podSelector"]["matchLabels"].items() <= labels["operator"].items()
     assert not policy["podSelector"]["matchLabels"].items() <= labels["gateway"].items()
-    [rule] = policy["ingress"]
+    # The broker's rule; the metrics port's is tests/unit/helm/test_chart_metrics.py's.
+    [rule] = [r for r in policy["ingress"] if r["ports"][0]["port"] != 8082]
     [peer] = rule["from"]
     assert set(peer) == {"podSelector"}  # the gateway's pods, in this namespace only
     assert peer["podSelector"]["matchLabels"].items() <= labels["gateway"].items()
@@ -211,7 +218,16 @@ def test_network_policies_admit_only_the_gateway_to_the_broker(default_docs: lis
     assert rule["ports"] == [{"protocol": "TCP", "port": 8081}]
     gateway = one(default_docs, "NetworkPolicy", f"{FULL}-gateway")["spec"]
     assert gateway["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
-    none = render({"gateway": {"enabled": False}})
+    none = render(
+        {
+            "gateway": {"enabled": False},
+            "metrics": {
+                "enabled": False,
+                "serviceMonitor": {"enabled": False, "interval": "30s"},
+                "dashboard": {"enabled": False},
+            },
+        }
+    )
     assert one(none, "NetworkPolicy", f"{FULL}-operator")["spec"]["ingress"] == []
     assert find(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
 

@@ -26,6 +26,7 @@ from posttrain_operator.backends.base import (
     JobRequest,
     RemoteStatus,
     UnknownFlavor,
+    status_label,
 )
 from posttrain_operator.backends.pods.config import PodsConfig
 from posttrain_operator.backends.pods.manifests import (
@@ -119,13 +120,17 @@ class PodsBackend:
         statuses the caller handles itself (404, 409), which raise ApiException."""
         self.stats.count(method)
         try:
-            return self._to_dict(await fn())
+            result = self._to_dict(await fn())
         except ApiException as exc:
+            self.stats.ended(method, status_label(exc))
             if exc.status in passthrough:
                 raise
             raise _api_error(method, exc) from exc
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self.stats.ended(method, status_label(exc))
             raise BackendError(f"{method}: {exc!r}", transient=True) from exc
+        self.stats.ended(method, "ok")
+        return result
 
     @property
     def _timeout(self) -> float:

@@ -1,0 +1,214 @@
+"""The operator's Prometheus metrics, each in one registry per process.
+
+Labels are low-cardinality only (phases, purposes, reasons, backends, API methods): never an episode
+or job name, so a cluster running thousands of episodes exposes the same number of series as one
+running a single episode. What the watch already shows (episodes and jobs by phase, orphans) is
+counted at scrape time from the last body each watch delivered, so it costs nothing per reconcile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from posttrain_operator.backends.base import CallStats
+
+# Create -> Admitted covers a watch event, two reads, a ledger compare-and-swap: milliseconds to
+# seconds on a healthy cluster, up to minutes when the API server or the price lookup struggles.
+ADMISSION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, math.inf)
+NONE = "None"  # the label value of a phase or outcome not set yet
+
+
+@dataclass(frozen=True)
+class EpisodeSeen:
+    phase: str
+    outcome: str
+    orphans: int
+    budget: int
+    reserved: int
+    settled: int
+    reward: float | None
+
+
+class WatchView:
+    """Episodes and AgentJobs as the watches last delivered them, reduced to what the gauges show."""
+
+    def __init__(self) -> None:
+        self.episodes: dict[tuple[str, str], EpisodeSeen] = {}
+        self.jobs: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def observe_episode(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        meta, status = body["metadata"], body.get("status") or {}
+        key = (meta["namespace"], meta["name"])
+        if deleted:
+            self.episodes.pop(key, None)
+            return
+        ledger = status.get("ledger") or {}
+        reward = status.get("reward")
+        self.episodes[key] = EpisodeSeen(
+            phase=status.get("phase") or "Pending",
+            outcome=status.get("outcome") or NONE,
+            orphans=len(status.get("orphanedJobs") or []),
+            budget=int(ledger.get("budgetMicroUSD") or 0),
+            reserved=int(ledger.get("reservedMicroUSD") or 0),
+            settled=int(ledger.get("settledMicroUSD") or 0),
+            reward=float(reward) if reward is not None else None,
+        )
+
+    def observe_job(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        meta, status = body["metadata"], body.get("status") or {}
+        key = (meta["namespace"], meta["name"])
+        if deleted:
+            self.jobs.pop(key, None)
+            return
+        purpose = (body.get("spec") or {}).get("purpose") or NONE
+        self.jobs[key] = (status.get("phase") or "Pending", purpose)
+
+
+class _ViewCollector(Collector):
+    def __init__(self, view: WatchView) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        episodes = GaugeMetricFamily(
+            "posttrain_episodes",
+            "Episodes by phase and outcome, as the watch sees them",
+            labels=["phase", "outcome"],
+        )
+        seen = list(self.view.episodes.values())
+        for (phase, outcome), n in sorted(Tally((e.phase, e.outcome) for e in seen).items()):
+            episodes.add_metric([phase, outcome], n)
+        yield episodes
+        for name, field_, what in (
+            ("budget", "budget", "Budgets"),
+            ("reserved", "reserved", "Reservations on the ledgers"),
+            ("settled", "settled", "Settled agent spend"),
+        ):
+            family = GaugeMetricFamily(
+                f"posttrain_episode_{name}_microdollars",
+                f"{what} of the Episodes the watch sees, summed by phase",
+                labels=["phase"],
+            )
+            totals: Tally[str] = Tally()
+            for e in seen:
+                totals[e.phase] += getattr(e, field_)
+            for phase, total in sorted(totals.items()):
+                family.add_metric([phase], total)
+            yield family
+        rewards = sorted(e.reward for e in seen if e.reward is not None)
+        yield GaugeHistogramMetricFamily(
+            "posttrain_episode_reward",
+            "Rewards of the ended Episodes the watch sees (GraderFailed ones have none)",
+            buckets=[
+                (str(le) if le != math.inf else "+Inf", sum(1 for r in rewards if r <= le))
+                for le in REWARD_BUCKETS
+            ],
+            gsum_value=sum(rewards),
+        )
+        jobs = GaugeMetricFamily(
+            "posttrain_agentjobs",
+            "AgentJobs by phase and purpose, as the watch sees them",
+            labels=["phase", "purpose"],
+        )
+        for (phase, purpose), n in sorted(Tally(list(self.view.jobs.values())).items()):
+            jobs.add_metric([phase, purpose], n)
+        yield jobs
+        yield GaugeMetricFamily(
+            "posttrain_orphaned_jobs",
+            "Jobs whose cancellation the backend has not confirmed (listed in Episodes' status.orphanedJobs)",
+            value=sum(e.orphans for e in self.view.episodes.values()),
+        )
+
+
+class _BackendCollector(Collector):
+    """The backends' own call counters (kept by every backend for the benchmarks) as metrics."""
+
+    def __init__(self, backends: Callable[[], Mapping[str, CallStats]]) -> None:
+        self.backends = backends
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "posttrain_backend_requests",
+            "Backend API requests by backend, route (API method) and status",
+            labels=["backend", "route", "status"],
+        )
+        retries = CounterMetricFamily(
+            "posttrain_backend_retries",
+            "Backend API requests retried after a transient failure",
+            labels=["backend", "route"],
+        )
+        waits = CounterMetricFamily(
+            "posttrain_backend_rate_limit_waits",
+            "Waits a backend's rate limit imposed (HTTP 429)",
+            labels=["backend"],
+        )
+        waited = CounterMetricFamily(
+            "posttrain_backend_rate_limit_wait_seconds",
+            "Seconds spent waiting on a backend's rate limit",
+            labels=["backend"],
+        )
+        for name, stats in sorted(self.backends().items()):
+            for (route, status), n in sorted(stats.outcomes.items()):
+                requests.add_metric([name, route, status], n)
+            for route, n in sorted(stats.retries.items()):
+                retries.add_metric([name, route], n)
+            waits.add_metric([name], stats.rate_limit_waits)
+            waited.add_metric([name], stats.rate_limit_wait_seconds)
+        yield from (requests, retries, waits, waited)
+
+
+class OperatorMetrics:
+    """Every metric the operator exposes, in its own registry (tests build as many as they like)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.view = WatchView()
+        self.registry.register(_ViewCollector(self.view))
+        r = self.registry
+        self.reserved = Counter(
+            "posttrain_reserved_microdollars",
+            "Micro-dollars reserved on Episode ledgers at admission",
+            registry=r,
+        )
+        self.settled = Counter(
+            "posttrain_settled_microdollars",
+            "Micro-dollars settled on Episode ledgers: payer=agent sums their settledMicroUSD, "
+            "payer=platform grader jobs and overruns",
+            ["payer"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "posttrain_agentjob_rejections",
+            "AgentJobs refused at admission, by reason (BudgetExceeded, ...)",
+            ["reason"],
+            registry=r,
+        )
+        self.admission_seconds = Histogram(
+            "posttrain_admission_latency_seconds",
+            "From an AgentJob's creation to its admission",
+            ["purpose"],
+            buckets=ADMISSION_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "posttrain_reconcile_errors",
+            "Reconciles that failed (and were retried), by kind and error",
+            ["kind", "error"],
+            registry=r,
+        )
+        for payer in ("agent", "platform"):
+            self.settled.labels(payer)  # present at 0 from the start, so rate() sees the first charge
+
+    def watch_backends(self, backends: Callable[[], Mapping[str, CallStats]]) -> None:
+        self.registry.register(_BackendCollector(backends))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

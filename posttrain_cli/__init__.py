@@ -1,0 +1,1 @@
+"""`posttrain`: list, watch, describe, logs, token and reports of episodes, for people."""

@@ -1,0 +1,115 @@
+"""Pure views of Episodes and AgentJobs for people: table rows, the ledger per job, durations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from posttrain_operator.api.money import micro_to_usd
+from posttrain_operator.api.rules import parse_time
+
+Obj = dict[str, Any]
+EPISODE_COLUMNS = (
+    "NAME",
+    "PHASE",
+    "OUTCOME",
+    "TASK",
+    "STEPS",
+    "SPENT",
+    "RESERVED",
+    "BUDGET",
+    "REWARD",
+    "AGE",
+)
+
+
+def age(created: str | None, now: datetime) -> str:
+    start = parse_time(created)
+    if start is None:
+        return "-"
+    seconds = max(0, int((now - start).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def episode_row(ep: Obj, now: datetime) -> tuple[str, ...]:
+    status, spec = ep.get("status") or {}, ep.get("spec") or {}
+    ledger = status.get("ledger") or {}
+    return (
+        ep["metadata"]["name"],
+        status.get("phase") or "Pending",
+        status.get("outcome") or "-",
+        spec.get("task", "-"),
+        str(status.get("steps") or 0),
+        "$" + micro_to_usd(int(ledger.get("settledMicroUSD") or 0)),
+        "$" + micro_to_usd(int(ledger.get("reservedMicroUSD") or 0)),
+        "$" + str(spec.get("budgetUSD", "-")),
+        str(status["reward"]) if status.get("reward") is not None else "-",
+        age(ep["metadata"].get("creationTimestamp"), now),
+    )
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
+    lines = [
+        "   ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
+    return "\n".join(lines)
+
+
+def ledger_rows(ep: Obj, jobs: list[Obj]) -> list[tuple[str, ...]]:
+    """One row per ledger entry (a job, or a job's overrun booked as platform spend), with the job's
+    purpose and phase beside it; jobs with no entry (refused before reserving) too."""
+    entries: dict[str, Obj] = ((ep.get("status") or {}).get("ledger") or {}).get("entries") or {}
+    by_name = {j["metadata"]["name"]: j for j in jobs}
+    rows: list[tuple[str, ...]] = []
+    for name in sorted(set(entries) | set(by_name), key=lambda n: _created(by_name.get(n.split(".")[0]), n)):
+        entry, job = entries.get(name) or {}, by_name.get(name) or {}
+        status = job.get("status") or {}
+        settled = entry.get("settledMicroUSD")
+        rows.append(
+            (
+                name,
+                (job.get("spec") or {}).get("purpose", "-"),
+                status.get("phase") or ("-" if not job else "Pending"),
+                "$" + micro_to_usd(int(entry.get("reservedMicroUSD") or 0)) if entry else "-",
+                "$" + micro_to_usd(int(settled)) if settled is not None else "-",
+                str(status.get("billedSeconds", "-")),
+                "platform" if entry.get("platform") else ("agent" if entry else "-"),
+                status.get("reason") or "",
+            )
+        )
+    return rows
+
+
+LEDGER_COLUMNS = ("JOB", "PURPOSE", "PHASE", "RESERVED", "SETTLED", "BILLED_S", "PAYER", "REASON")
+
+
+def _created(job: Obj | None, name: str) -> tuple[str, str]:
+    return ((job or {}).get("metadata", {}).get("creationTimestamp", "~"), name)
+
+
+def describe(ep: Obj, jobs: list[Obj], now: datetime) -> str:
+    status, spec = ep.get("status") or {}, ep.get("spec") or {}
+    ledger = status.get("ledger") or {}
+    lines = [
+        f"Episode:   {ep['metadata']['namespace']}/{ep['metadata']['name']}",
+        f"Task:      {spec.get('task')}   Backend: {spec.get('backend')}",
+        f"Phase:     {status.get('phase') or 'Pending'}   Outcome: {status.get('outcome') or '-'}"
+        f"   Reward: {status.get('reward') if status.get('reward') is not None else '-'}",
+        f"Steps:     {status.get('steps') or 0}   Started: {status.get('startedAt') or '-'}"
+        f"   Deadline: {status.get('deadline') or '-'}",
+        f"Budget:    ${micro_to_usd(int(ledger.get('budgetMicroUSD') or 0))}"
+        f"   Settled: ${micro_to_usd(int(ledger.get('settledMicroUSD') or 0))}"
+        f"   Reserved: ${micro_to_usd(int(ledger.get('reservedMicroUSD') or 0))}"
+        f"   Platform: ${micro_to_usd(int(ledger.get('platformMicroUSD') or 0))}",
+    ]
+    if status.get("orphanedJobs"):
+        lines.append("Orphaned:  " + ", ".join(o["name"] for o in status["orphanedJobs"]))
+    if status.get("message"):
+        lines.append(f"Message:   {status['message']}")
+    lines += ["", "Ledger:", table(LEDGER_COLUMNS, ledger_rows(ep, jobs))]
+    return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""The episode report, rendered from Episode and AgentJob bodies and read back as a picture: job bars
+in their outcome's colour, the spend line, the ledger table."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from posttrain_cli.report import (
+    PHASE_COLORS,
+    SPEND_COLOR,
+    bars,
+    episode_report,
+    namespace_report,
+    spend_curve,
+)
+from posttrain_cli.views import describe
+from tests.unit.cli.report_pixels import inlined_png, pixels_of
+
+pytestmark = pytest.mark.unit
+NOW = datetime(2026, 1, 1, 12, 10, tzinfo=UTC)
+
+
+def job(
+    name: str, purpose: str, phase: str, created: str, finished: str | None, settled: int
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase, "settledMicroUSD": settled}
+    if finished:
+        status["finishedAt"] = finished
+    return {
+        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created},
+        "spec": {"episode": "ep", "purpose": purpose},
+        "status": status,
+    }
+
+
+EPISODE = {
+    "metadata": {"name": "ep", "namespace": "ns", "creationTimestamp": "2026-01-01T12:00:00Z"},
+    "spec": {"task": "t0_artifact", "budgetUSD": "0.01", "backend": "hf-jobs"},
+    "status": {
+        "phase": "Completed",
+        "outcome": "Scored",
+        "reward": "1",
+        "steps": 4,
+        "startedAt": "2026-01-01T12:00:00Z",
+        "ledger": {
+            "budgetMicroUSD": 10_000,
+            "settledMicroUSD": 501,
+            "reservedMicroUSD": 0,
+            "entries": {
+                "t1": {"reservedMicroUSD": 1670, "settledMicroUSD": 334},
+                "t2": {"reservedMicroUSD": 1670, "settledMicroUSD": 167},
+                "s": {"reservedMicroUSD": 0, "settledMicroUSD": 167, "platform": True},
+            },
+        },
+    },
+}
+JOBS = [
+    job("t1", "train", "Succeeded", "2026-01-01T12:00:10Z", "2026-01-01T12:02:00Z", 334),
+    job("t2", "train", "Failed", "2026-01-01T12:02:10Z", "2026-01-01T12:03:00Z", 167),
+    job("big", "train", "Rejected", "2026-01-01T12:03:10Z", None, 0),
+    job("s", "score", "Succeeded", "2026-01-01T12:04:00Z", "2026-01-01T12:05:00Z", 0),
+]
+
+
+def test_spend_curve_steps_up_as_agent_jobs_settle() -> None:
+    curve = spend_curve(EPISODE, bars(EPISODE, JOBS, NOW))
+    assert curve == [(0.0, 0), (120.0, 0), (120.0, 334), (180.0, 334), (180.0, 501)]
+
+
+def test_episode_report_shows_job_bars_spend_line_and_ledger() -> None:
+    page, png = episode_report(EPISODE, JOBS, NOW)
+    assert inlined_png(page) == png
+    assert pixels_of(png, PHASE_COLORS["Succeeded"]) > 500  # two bars
+    assert pixels_of(png, PHASE_COLORS["Failed"]) > 200
+    assert pixels_of(png, SPEND_COLOR) > 100
+    for text in ("t0_artifact", "Scored", "$0.000334", "platform"):
+        assert text in page
+
+
+def test_namespace_report_places_scored_episodes() -> None:
+    other = {**EPISODE, "metadata": {**EPISODE["metadata"], "name": "ep2"}, "status": {"phase": "Running"}}
+    page, png = namespace_report("ns", [EPISODE, other], NOW)
+    assert "ep2" in page and inlined_png(page) == png
+    assert pixels_of(png, "#1f77b4") > 20  # the one scored episode's point
+
+
+def test_describe_lists_every_ledger_entry_with_its_job() -> None:
+    text = describe(EPISODE, JOBS, NOW)
+    lines = {line.split()[0]: line.split() for line in text.splitlines()[7:] if line.strip()}
+    assert lines["t1"][1:5] == ["train", "Succeeded", "$0.00167", "$0.000334"]
+    assert lines["s"][-1] == "platform" or "platform" in lines["s"]
+    assert lines["big"][2] == "Rejected" and lines["big"][3] == "-"
