@@ -4,16 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class PodFlavor(BaseSettings):
-    """A pods-backend flavor: the resources a job pod gets and what a minute of it costs."""
+class PodFlavor(BaseModel):
+    """A pods-backend flavor: the resources a job pod gets, where it runs, and what a minute of it
+    costs. Keys as in the chart's `pods.flavors` (camelCase; snake_case accepted too)."""
 
-    cpu: str = "1"
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    cpu: str = "1"  # the limit; also the request unless cpuRequest is lower
     memory: str = "2Gi"
-    price_micro_usd_per_minute: int = Field(default=167, ge=0)
+    cpu_request: str | None = None
+    memory_request: str | None = None
+    gpus: int = Field(default=0, ge=0)
+    price_micro_usd_per_minute: int = Field(default=167, ge=0, alias="priceMicroUSDPerMinute")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    runtime_class_name: str | None = None
+    priority_class_name: str | None = None
+    queue: str | None = None  # Kueue LocalQueue (label kueue.x-k8s.io/queue-name)
 
 
 class OperatorSettings(BaseSettings):

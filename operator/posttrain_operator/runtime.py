@@ -42,7 +42,19 @@ def build_backends(settings: OperatorSettings, api_client: Any = None) -> dict[s
             PodsConfig(
                 image=settings.pods_image,
                 flavors={
-                    name: Flavor(f.cpu, f.memory, f.price_micro_usd_per_minute)
+                    name: Flavor(
+                        f.cpu,
+                        f.memory,
+                        f.price_micro_usd_per_minute,
+                        cpu_request=f.cpu_request,
+                        memory_request=f.memory_request,
+                        gpus=f.gpus,
+                        node_selector=f.node_selector,
+                        tolerations=tuple(f.tolerations),
+                        runtime_class_name=f.runtime_class_name,
+                        priority_class_name=f.priority_class_name,
+                        queue=f.queue,
+                    )
                     for name, f in settings.pods_flavors.items()
                 },
                 store_volume=settings.pods_store_volume,

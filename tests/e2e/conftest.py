@@ -8,7 +8,8 @@ with `helm install --wait`, and deletes the cluster at the end. Any other cluste
     E2E_HOST_ADDRESS=10.0.0.5 pytest tests/e2e
 
 (the image must be pullable by the cluster, and E2E_HOST_ADDRESS is where its pods reach this
-machine, on which the tests run the HF Jobs emulator). E2E_KEEP_CLUSTER=1 keeps the kind cluster.
+machine, on which the tests run the HF Jobs emulator). E2E_KEEP_CLUSTER=1 keeps the kind cluster;
+E2E_CLUSTER_NAME names it (default posttrain-e2e), so two checkouts on one Docker host do not collide.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import tempfile
 import time
@@ -40,7 +42,7 @@ from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "posttrain-operator"
-CLUSTER_NAME = "posttrain-e2e"
+CLUSTER_NAME = os.environ.get("E2E_CLUSTER_NAME", "posttrain-e2e")
 RELEASE = "pt"
 NAMESPACE = "posttrain-e2e"
 HF_TOKEN = "hf_e2e_test_token_0123456789"
@@ -50,6 +52,14 @@ FULLNAME = f"{RELEASE}-posttrain-operator"
 OPERATOR_DEPLOYMENT = f"{FULLNAME}-operator"
 GATEWAY_DEPLOYMENT = f"{FULLNAME}-gateway"
 GATEWAY_SERVICE = f"{FULLNAME}-gateway"
+# The pods backend's artifact store on kind: a directory of this machine, mounted into the node, that
+# the chart's hostPath volume names; the tests place the task repos in it and read job outputs.
+STORE_IN_NODE = "/var/lib/posttrain-store"
+JOB_UID = 10000
+# On a one-node cluster of two cores, the control plane already requests about one: ask for less.
+POD_FLAVORS = {
+    "cpu-basic": {"cpu": "2", "cpuRequest": "250m", "memory": "3Gi", "priceMicroUSDPerMinute": 167}
+}
 
 
 def say(config: pytest.Config, text: str) -> None:
@@ -64,6 +74,7 @@ class Cluster:
     kubeconfig: Path
     is_kind: bool
     bin_dir: Path
+    store_dir: Path | None = None  # the pods backend's store, as this machine sees it (kind only)
 
     def run(
         self, tool: str, *args: str, input: str | None = None, timeout: float = 120
@@ -129,8 +140,11 @@ def e2e_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield Cluster(Path(given).expanduser(), is_kind=False, bin_dir=bin_dir)
         return
     workdir = Path(tempfile.mkdtemp(prefix="posttrain-e2e-"))
-    kubeconfig = kind.create(CLUSTER_NAME, workdir / "kubeconfig")
-    cluster = Cluster(kubeconfig, is_kind=True, bin_dir=bin_dir)
+    workdir.chmod(0o711)
+    store = workdir / "store"
+    store.mkdir(mode=0o755)
+    kubeconfig = kind.create(CLUSTER_NAME, workdir / "kubeconfig", mounts={str(store): STORE_IN_NODE})
+    cluster = Cluster(kubeconfig, is_kind=True, bin_dir=bin_dir, store_dir=store)
     try:
         nodes = cluster.kubectl("get", "nodes", "-o", "wide")
         say(request.config, f"\nkind cluster {CLUSTER_NAME}:\n{nodes}")
@@ -150,6 +164,29 @@ def operator_image(e2e_cluster: Cluster) -> str:
     if e2e_cluster.is_kind:
         kind.load_images(CLUSTER_NAME, [tag])
     return tag
+
+
+@pytest.fixture(scope="session")
+def launcher_image(e2e_cluster: Cluster) -> str | None:
+    """The image of the pods backend's jobs (kind only: elsewhere the pods backend stays off)."""
+    if not e2e_cluster.is_kind:
+        return None
+    tag = images.build(images.LAUNCHER, images.choose_base())
+    kind.load_images(CLUSTER_NAME, [tag])
+    return tag
+
+
+def stage_store(store: Path) -> None:
+    """The store's layout (backends/pods/names.py): every task repo read-only under `repos/`, and
+    `outputs/`, where the operator (uid 10000) makes each job's output dir."""
+    for repo in materialize_assets():
+        target = store / "repos" / repo.ref.kind / repo.ref.repo_id / repo.ref.revision
+        if not target.exists():
+            shutil.copytree(repo.path, target)
+    for directory, _, _ in os.walk(store / "repos"):
+        Path(directory).chmod(0o755)
+    (store / "outputs").mkdir(exist_ok=True)
+    os.chown(store / "outputs", JOB_UID, JOB_UID)
 
 
 @pytest.fixture(scope="session")
@@ -187,8 +224,18 @@ def hf_emulator(host_address: str) -> Iterator[HfEmulator]:
         remove_tree(data_dir)
 
 
-def e2e_values(image: str, emulator_url: str, pull_policy: str) -> dict[str, Any]:
+def e2e_values(
+    image: str, emulator_url: str, pull_policy: str, launcher_image: str | None = None
+) -> dict[str, Any]:
     repository, tag = image.rsplit(":", 1)
+    pods: dict[str, Any] = {"enabled": False}
+    if launcher_image is not None:
+        pods = {
+            "enabled": True,
+            "image": launcher_image,
+            "storeVolume": {"hostPath": {"path": STORE_IN_NODE, "type": "Directory"}},
+            "flavors": POD_FLAVORS,
+        }
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": pull_policy},
         "operator": {"pollIntervalSeconds": 2},
@@ -200,22 +247,32 @@ def e2e_values(image: str, emulator_url: str, pull_policy: str) -> dict[str, Any
             "bucket": BUCKET,
         },
         "gateway": {"orchestratorTokenSecret": {"name": "orchestrator", "key": "token"}},
+        "pods": pods,
     }
 
 
 @pytest.fixture(scope="session")
 def release(
-    request: pytest.FixtureRequest, e2e_cluster: Cluster, operator_image: str, hf_emulator: HfEmulator
+    request: pytest.FixtureRequest,
+    e2e_cluster: Cluster,
+    operator_image: str,
+    launcher_image: str | None,
+    hf_emulator: HfEmulator,
 ) -> Iterator[Release]:
-    """The chart installed with `helm install --wait`, and the Secrets it references."""
+    """The chart installed with `helm install --wait`, and the Secrets it references; on kind with
+    the pods backend enabled too, its store staged."""
     cluster = e2e_cluster
+    if cluster.store_dir is not None:
+        stage_store(cluster.store_dir)
     cluster.kubectl("create", "namespace", NAMESPACE)
     orchestrator_token = secrets.token_urlsafe(24)
     for name, value in (("hf-token", HF_TOKEN), ("orchestrator", orchestrator_token)):
         cluster.kubectl("-n", NAMESPACE, "create", "secret", "generic", name, f"--from-literal=token={value}")
     values = Path(tempfile.mkdtemp(prefix="e2e-values-")) / "values.yaml"
     pull_policy = "Never" if cluster.is_kind else "IfNotPresent"
-    values.write_text(yaml.safe_dump(e2e_values(operator_image, hf_emulator.url, pull_policy)))
+    values.write_text(
+        yaml.safe_dump(e2e_values(operator_image, hf_emulator.url, pull_policy, launcher_image))
+    )
     started = time.monotonic()
     proc = cluster.helm(
         "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values),

@@ -222,6 +222,39 @@ def test_flavor_resources_are_requests_equal_to_limits(flavor: str, want: dict[s
     assert resources["requests"] == resources["limits"] == {**want, "ephemeral-storage": "10Gi"}
 
 
+def test_flavor_places_the_pod_where_the_platform_team_said() -> None:
+    gpu = Flavor(
+        "8",
+        "64Gi",
+        9000,
+        cpu_request="4",
+        memory_request="32Gi",
+        gpus=1,
+        node_selector={"pool": "a100"},
+        tolerations=({"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},),
+        runtime_class_name="gvisor",
+        priority_class_name="batch-low",
+        queue="team-a-gpu",
+    )
+    config = PodsConfig(
+        image="launcher:test", flavors={"gpu": gpu}, store_volume=CONFIG.store_volume, store_path="/unused"
+    )
+    pod = pod_body(config, _request(flavor="gpu"))
+    assert _container(pod)["resources"] == {
+        "requests": {"cpu": "4", "memory": "32Gi", "ephemeral-storage": "10Gi", "nvidia.com/gpu": "1"},
+        "limits": {"cpu": "8", "memory": "64Gi", "ephemeral-storage": "10Gi", "nvidia.com/gpu": "1"},
+    }
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"pool": "a100"}
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert (spec["runtimeClassName"], spec["priorityClassName"]) == ("gvisor", "batch-low")
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpu"
+    # A plain flavor sets none of them.
+    plain = pod_body(CONFIG, _request())
+    assert not {"nodeSelector", "tolerations", "runtimeClassName", "priorityClassName"} & set(plain["spec"])
+    assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+
+
 def test_unknown_flavor_is_refused_before_anything_is_built() -> None:
     with pytest.raises(UnknownFlavor, match="cpu-basic, cpu-upgrade"):
         pod_body(CONFIG, _request(flavor="gpu-h100"))
