@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic.alias_generators import to_camel
@@ -26,6 +26,17 @@ class PodFlavor(BaseModel):
     runtime_class_name: str | None = None
     priority_class_name: str | None = None
     queue: str | None = None  # Kueue LocalQueue (label kueue.x-k8s.io/queue-name)
+
+
+class EgressProbe(BaseModel):
+    """An address job pods must not reach (checked by their launcher before any job code)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=63)
+    host: str = Field(min_length=1, max_length=253)
+    port: int = Field(ge=1, le=65535)
+    kind: Literal["tcp", "dns"] = "tcp"
 
 
 class OperatorSettings(BaseSettings):
@@ -64,6 +75,14 @@ class OperatorSettings(BaseSettings):
     pods_store_path: str | None = None
     pods_scratch_size: str = "10Gi"
     pods_cancel_grace_seconds: int = Field(default=2, ge=0, le=5)
+    # The launcher's egress check in every job pod (fails closed, exit 4). Probes besides the ones the
+    # pod finds itself and the operator adds (its broker, the gateway): [{"name","host","port"}].
+    pods_egress_check: bool = True
+    pods_egress_probes: list[EgressProbe] = Field(default_factory=list)
+    pods_egress_bound_seconds: float = Field(default=20.0, gt=0, le=300)
+    pod_ip: str | None = None  # this operator's pod IP (Downward API): its broker is probed
+    pods_gateway_host: str | None = None  # the gateway's Service name: resolved, then probed
+    pods_gateway_port: int = Field(default=80, ge=1, le=65535)
 
     # The internal broker API (logs, artifacts) that only the gateway's ServiceAccount may call.
     broker_host: str = "0.0.0.0"

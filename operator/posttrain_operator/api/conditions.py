@@ -10,6 +10,7 @@ ORPHANED = "Orphaned"
 ADMITTED = "Admitted"
 SUBMITTED = "Submitted"
 COMPLETE = "Complete"
+EGRESS_VERIFIED = "EgressVerified"
 
 # Reasons (PascalCase, stable: clients match on them).
 ORPHANED_JOBS = "OrphanedJobs"
@@ -24,6 +25,8 @@ JOB_FAILED = "JobFailed"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 EPISODE_ENDED = "EpisodeEnded"
 CANCEL_UNCONFIRMED = "CancelUnconfirmed"
+PROBES_CLOSED = "ProbesClosed"
+EGRESS_OPEN = "EgressOpen"
 
 
 def set_condition(

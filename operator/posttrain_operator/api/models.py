@@ -166,6 +166,11 @@ class OrphanedJob(ApiModel):
     next_attempt_at: str = ""
 
 
+class EgressCounts(ApiModel):
+    verified: int = Field(default=0, ge=0, description="verified counts jobs whose pod found egress closed.")
+    open: int = Field(default=0, ge=0, description="open counts jobs stopped: their egress was open.")
+
+
 class EpisodeStatus(ApiModel):
     phase: EpisodePhase | None = None
     outcome: Outcome | None = None
@@ -181,6 +186,9 @@ class EpisodeStatus(ApiModel):
     scoring_job: str | None = None
     conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
     orphaned_jobs: list[OrphanedJob] = Field(default_factory=list, max_length=MAX_ORPHANS)
+    egress: EgressCounts | None = Field(
+        default=None, description="egress counts the egress checks of this episode's job pods (pods backend)."
+    )
     agent_token_hash: str | None = Field(default=None, pattern=SHA256_PATTERN)
     agent_token_secret: str | None = None
     observed_generation: int | None = None

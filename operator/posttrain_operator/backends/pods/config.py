@@ -50,6 +50,11 @@ class PodsConfig:
     request_timeout_seconds: float = 30.0
     max_log_bytes: int = 1 << 20
     max_artifacts_listed: int = 10_000
+    # What every job's launcher must find closed before the job starts (egress.py in the launcher):
+    # {"name", "host" (an IP: the pod cannot resolve names), "port", "kind": "tcp"|"dns"}, besides
+    # what the pod finds itself (API Service, cluster DNS, its node). None: no check.
+    egress_probes: tuple[Mapping[str, Any], ...] | None = ()
+    egress_bound_seconds: float = 20.0
 
     def __post_init__(self) -> None:
         if len(self.store_volume) != 1:

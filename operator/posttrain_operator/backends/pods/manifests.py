@@ -134,6 +134,7 @@ def pod_labels(config: PodsConfig, request: JobRequest) -> dict[str, str]:
 SECCOMP = {"type": "RuntimeDefault"}
 GPU_RESOURCE = "nvidia.com/gpu"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+TERMINATION_LOG = "/dev/termination-log"
 
 
 def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
@@ -204,6 +205,20 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     }
 
 
+def _egress_env(config: PodsConfig) -> list[dict[str, Any]]:
+    """The launcher's egress check: what to probe, for how long, where to report (the container's
+    termination message, which the kubelet copies into the pod's status)."""
+    if config.egress_probes is None:
+        return []
+    probes = [dict(p) for p in config.egress_probes]
+    return [
+        {"name": "POSTTRAIN_EGRESS_PROBES", "value": json.dumps(probes, separators=(",", ":"))},
+        {"name": "POSTTRAIN_EGRESS_BOUND_SECONDS", "value": f"{config.egress_bound_seconds:g}"},
+        {"name": "POSTTRAIN_EGRESS_REPORT", "value": TERMINATION_LOG},
+        {"name": "POSTTRAIN_NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+    ]
+
+
 def _resource_env(name: str, resource: str) -> dict[str, Any]:
     """The container's own limit through the Downward API: bytes for memory, whole cores (rounded
     up) for cpu."""
@@ -229,6 +244,7 @@ def _container(
             # The flavor, as HF Jobs states it; the launcher derives its rlimits from it.
             _resource_env("MEMORY", "limits.memory"),
             _resource_env("CPU_CORES", "limits.cpu"),
+            *_egress_env(config),
         ],
         "resources": resources,
         "securityContext": {
