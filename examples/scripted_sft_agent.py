@@ -50,12 +50,12 @@ class ToolError(RuntimeError):
 
 
 async def _reset(
-    gateway: str, orchestrator_token: str, task: str, backend: str | None = None
+    gateway: str, orchestrator_token: str, task: str, backend: str | None = None, **extra: Any
 ) -> dict[str, Any]:
     ws_url = gateway.replace("http://", "ws://").replace("https://", "wss://") + "/ws"
     headers = {"Authorization": f"Bearer {orchestrator_token}"}
     async with websockets.connect(ws_url, additional_headers=headers) as conn:
-        data = {"task": task} | ({"backend": backend} if backend else {})
+        data = {"task": task} | ({"backend": backend} if backend else {}) | extra
         await conn.send(json.dumps({"type": "reset", "data": data}))
         reply = json.loads(await asyncio.wait_for(conn.recv(), 60))
     if reply.get("type") != "observation":

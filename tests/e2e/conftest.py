@@ -20,8 +20,10 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -57,8 +59,18 @@ GATEWAY_SERVICE = f"{FULLNAME}-gateway"
 STORE_IN_NODE = "/var/lib/posttrain-store"
 JOB_UID = 10000
 # On a one-node cluster of two cores, the control plane already requests about one: ask for less.
-POD_FLAVORS = {
-    "cpu-basic": {"cpu": "2", "cpuRequest": "250m", "memory": "3Gi", "priceMicroUSDPerMinute": 167}
+# "held" pods stay Pending until a test labels the node: what lets a test act between the pod's
+# creation and its start.
+HOLD_LABEL = "posttrain.dev/e2e-hold"
+POD_FLAVORS: dict[str, dict[str, Any]] = {
+    "cpu-basic": {"cpu": "2", "cpuRequest": "250m", "memory": "3Gi", "priceMicroUSDPerMinute": 167},
+    "held": {
+        "cpu": "1",
+        "cpuRequest": "100m",
+        "memory": "1Gi",
+        "priceMicroUSDPerMinute": 167,
+        "nodeSelector": {HOLD_LABEL: "released"},
+    },
 }
 
 
@@ -200,6 +212,35 @@ def host_address(e2e_cluster: Cluster) -> str:
     return kind.host_address(CLUSTER_NAME)
 
 
+@dataclass
+class Canary:
+    """A TCP server on this machine, on the kind network's host side: every pod could reach it but
+    for its NetworkPolicy. Counts the connections it accepted."""
+
+    host: str
+    port: int
+    accepted: int = 0
+
+
+@pytest.fixture(scope="session")
+def canary(host_address: str) -> Iterator[Canary]:
+    server = socket.create_server((host_address, 0))
+    found = Canary(host_address, int(server.getsockname()[1]))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                found.accepted += 1
+                conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield found
+    finally:
+        server.close()
+
+
 @pytest.fixture(scope="session")
 def hf_emulator(host_address: str) -> Iterator[HfEmulator]:
     """The HF Jobs emulator on the host, reachable from the cluster, running jobs under the launcher."""
@@ -225,7 +266,11 @@ def hf_emulator(host_address: str) -> Iterator[HfEmulator]:
 
 
 def e2e_values(
-    image: str, emulator_url: str, pull_policy: str, launcher_image: str | None = None
+    image: str,
+    emulator_url: str,
+    pull_policy: str,
+    launcher_image: str | None = None,
+    canary: Canary | None = None,
 ) -> dict[str, Any]:
     repository, tag = image.rsplit(":", 1)
     pods: dict[str, Any] = {"enabled": False}
@@ -235,6 +280,9 @@ def e2e_values(
             "image": launcher_image,
             "storeVolume": {"hostPath": {"path": STORE_IN_NODE, "type": "Directory"}},
             "flavors": POD_FLAVORS,
+            "egressCheck": {
+                "probes": [{"name": "canary", "host": canary.host, "port": canary.port}] if canary else []
+            },
         }
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": pull_policy},
@@ -258,6 +306,7 @@ def release(
     operator_image: str,
     launcher_image: str | None,
     hf_emulator: HfEmulator,
+    canary: Canary,
 ) -> Iterator[Release]:
     """The chart installed with `helm install --wait`, and the Secrets it references; on kind with
     the pods backend enabled too, its store staged."""
@@ -271,7 +320,7 @@ def release(
     values = Path(tempfile.mkdtemp(prefix="e2e-values-")) / "values.yaml"
     pull_policy = "Never" if cluster.is_kind else "IfNotPresent"
     values.write_text(
-        yaml.safe_dump(e2e_values(operator_image, hf_emulator.url, pull_policy, launcher_image))
+        yaml.safe_dump(e2e_values(operator_image, hf_emulator.url, pull_policy, launcher_image, canary))
     )
     started = time.monotonic()
     proc = cluster.helm(
