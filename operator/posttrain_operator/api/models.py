@@ -186,6 +186,10 @@ class EpisodeStatus(ApiModel):
     scoring_job: str | None = None
     conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
     orphaned_jobs: list[OrphanedJob] = Field(default_factory=list, max_length=MAX_ORPHANS)
+    backend_released: bool | None = Field(
+        default=None,
+        description="backendReleased: the episode's backend resources are gone (pods: its namespace).",
+    )
     egress: EgressCounts | None = Field(
         default=None, description="egress counts the egress checks of this episode's job pods (pods backend)."
     )
