@@ -254,3 +254,76 @@ def _assert_hardened(pod: dict[str, Any]) -> None:
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     # No service-account token was mounted by the admission plugin.
     assert not [m for m in container["volumeMounts"] if "serviceaccount" in m["mountPath"]]
+
+
+# --- bounds: output cap, deadline, memory ---------------------------------------------------------
+
+BOUNDED = {
+    # 3 GiB of apparent size (sparse) in the job's own output dir: past the agent cap of 2 GiB.
+    "output-cap": (
+        "import os, time\n"
+        "with open(os.environ['POSTTRAIN_OUTPUT_DIR'] + '/big', 'wb') as f:\n"
+        "    f.truncate(3 << 30)\n"
+        "time.sleep(600)\n",
+        600,
+    ),
+    "deadline": ("import time\ntime.sleep(600)\n", 60),
+    "memory": ("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))\n", 600),
+}
+
+
+def test_output_cap_deadline_and_memory_stop_the_job_charged_only_what_it_used(
+    request: pytest.FixtureRequest, pods_release: Release
+) -> None:
+    release = pods_release
+
+    async def submit_all(gateway: str) -> tuple[str, dict[str, str]]:
+        observation = await scripted_sft_agent._reset(
+            gateway, release.orchestrator_token, "t0_artifact", "pods", max_concurrent_jobs=3
+        )
+        token, episode = observation["metadata"]["agent_token"], observation["episode"]
+        names = {}
+        async with scripted_sft_agent.agent_client(gateway, token) as session:
+            for label, (script, timeout) in BOUNDED.items():
+                submitted = await scripted_sft_agent._call(
+                    session, "jobs_submit", script=script, timeout_seconds=timeout
+                )
+                names[label] = submitted["job"]["name"]
+        return episode, names
+
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        episode, names = asyncio.run(submit_all(gateway))
+    statuses = {label: _finished(release, name) for label, name in names.items()}
+    lines = [
+        f"  {label:10} {s['phase']:8} {s.get('billedSeconds')}s  {s.get('message', '')[:110]}"
+        for label, s in statuses.items()
+    ]
+    say(request.config, "\n[pods] bounded jobs:\n" + "\n".join(lines))
+    for label, status in statuses.items():
+        assert status["phase"] == "Failed", (label, status)
+        # Charged for what ran (started to finished), not for the timeout it reserved.
+        seconds = billed_seconds(parse_time(status["startedAt"]), parse_time(status["finishedAt"]))
+        assert status["billedSeconds"] == seconds and status["settledMicroUSD"] == cost_for(PRICE, seconds)
+    assert statuses["output-cap"]["exitCode"] == 3, statuses["output-cap"]
+    assert "max_output_bytes" in statuses["output-cap"]["message"]
+    assert statuses["output-cap"]["billedSeconds"] < 120
+    assert "DeadlineExceeded" in statuses["deadline"]["message"], statuses["deadline"]
+    assert 55 <= statuses["deadline"]["billedSeconds"] < 120
+    memory = statuses["memory"]
+    assert "OOMKilled" in memory["message"] or "MemoryError" in "\n".join(_logs(release, names["memory"])), (
+        memory
+    )
+    assert memory["billedSeconds"] < 120
+    ledger = release.json("get", "episode", episode)["status"]["ledger"]
+    assert ledger["settledMicroUSD"] == sum(s["settledMicroUSD"] for s in statuses.values())
+    # Nothing outside the job's own output prefix changed: the big file is in its own dir only.
+    outputs = release.cluster.store_dir / "outputs" / release.namespace / episode  # type: ignore[operator]
+    assert sorted(p.relative_to(outputs).as_posix() for p in outputs.rglob("*") if p.is_file()) == [
+        f"{names['output-cap']}/big"
+    ]
+
+
+def _logs(release: Release, job: str) -> list[str]:
+    job_id = release.json("get", "agentjob", job)["status"]["backendJobId"]
+    namespace, name = job_id.split("/")
+    return release.cluster.kubectl("-n", namespace, "logs", name, check=False).splitlines()

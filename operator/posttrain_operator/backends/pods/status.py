@@ -11,6 +11,8 @@ from posttrain_operator.backends.base import RemoteStatus
 from posttrain_operator.backends.pods.names import CONTAINER
 
 EXIT_EGRESS_OPEN = 4  # the launcher's code: egress open, no job code ran
+# The launcher's own exit code for a job it stopped (launcher.py); its log says so for certain.
+LAUNCHER_EXITS = {3: "exit code 3: the launcher stops a job whose outputs pass max_output_bytes"}
 
 
 def egress_report(terminated: Mapping[str, Any]) -> tuple[bool | None, str]:
@@ -72,6 +74,8 @@ def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
         if terminated:
             why = terminated.get("reason") or "Error"
             parts.append(f"container exited with code {terminated.get('exitCode')} ({why})")
+            if terminated.get("exitCode") in LAUNCHER_EXITS:
+                parts.append(LAUNCHER_EXITS[terminated["exitCode"]])
         raw = status.get("reason") or (terminated or {}).get("reason") or ""
         return RemoteStatus(
             "failed",
