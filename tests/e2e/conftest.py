@@ -8,12 +8,14 @@ with `helm install --wait`, and deletes the cluster at the end. Any other cluste
     E2E_HOST_ADDRESS=10.0.0.5 pytest tests/e2e
 
 (the image must be pullable by the cluster, and E2E_HOST_ADDRESS is where its pods reach this
-machine, on which the tests run the HF Jobs emulator). E2E_KEEP_CLUSTER=1 keeps the kind cluster;
+machine, on which the tests run the HF Jobs emulator). E2E_KEEP_CLUSTER=1 keeps the kind cluster and
+its release, and a later session with it set reuses them (the chart upgraded in place);
 E2E_CLUSTER_NAME names it (default posttrain-e2e), so two checkouts on one Docker host do not collide.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -151,18 +153,22 @@ def e2e_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if given:
         yield Cluster(Path(given).expanduser(), is_kind=False, bin_dir=bin_dir)
         return
-    workdir = Path(tempfile.mkdtemp(prefix="posttrain-e2e-"))
-    workdir.chmod(0o711)
-    store = workdir / "store"
-    store.mkdir(mode=0o755)
-    kubeconfig = kind.create(CLUSTER_NAME, workdir / "kubeconfig", mounts={str(store): STORE_IN_NODE})
+    keep = os.environ.get("E2E_KEEP_CLUSTER") == "1"
+    # A kept cluster's files live at a name derived from the cluster's, so a later session finds them.
+    workdir = Path(tempfile.gettempdir(), f"posttrain-e2e-{CLUSTER_NAME}")
+    store, kubeconfig = workdir / "store", workdir / "kubeconfig"
+    if not (keep and kubeconfig.exists() and kind.exists(CLUSTER_NAME)):
+        remove_tree(workdir)
+        workdir.mkdir(mode=0o711)
+        store.mkdir(mode=0o755)
+        kind.create(CLUSTER_NAME, kubeconfig, mounts={str(store): STORE_IN_NODE})
     cluster = Cluster(kubeconfig, is_kind=True, bin_dir=bin_dir, store_dir=store)
     try:
         nodes = cluster.kubectl("get", "nodes", "-o", "wide")
         say(request.config, f"\nkind cluster {CLUSTER_NAME}:\n{nodes}")
         yield cluster
     finally:
-        if os.environ.get("E2E_KEEP_CLUSTER") != "1":
+        if not keep:
             kind.delete(CLUSTER_NAME)
             remove_tree(workdir)
 
@@ -313,9 +319,14 @@ def release(
     cluster = e2e_cluster
     if cluster.store_dir is not None:
         stage_store(cluster.store_dir)
-    cluster.kubectl("create", "namespace", NAMESPACE)
-    orchestrator_token = secrets.token_urlsafe(24)
-    for name, value in (("hf-token", HF_TOKEN), ("orchestrator", orchestrator_token)):
+    reused = bool(cluster.kubectl("get", "namespace", NAMESPACE, "--ignore-not-found").strip())
+    if reused:  # a kept release: its gateway already holds this token
+        token = cluster.json("-n", NAMESPACE, "get", "secret", "orchestrator")["data"]["token"]
+        orchestrator_token = base64.b64decode(token).decode()
+    else:
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        orchestrator_token = secrets.token_urlsafe(24)
+    for name, value in () if reused else (("hf-token", HF_TOKEN), ("orchestrator", orchestrator_token)):
         cluster.kubectl("-n", NAMESPACE, "create", "secret", "generic", name, f"--from-literal=token={value}")
     values = Path(tempfile.mkdtemp(prefix="e2e-values-")) / "values.yaml"
     pull_policy = "Never" if cluster.is_kind else "IfNotPresent"
@@ -324,7 +335,7 @@ def release(
     )
     started = time.monotonic()
     proc = cluster.helm(
-        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values),
+        "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values),
         "--wait", "--timeout", "8m",
     )  # fmt: skip
     install_seconds = time.monotonic() - started
