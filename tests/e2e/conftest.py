@@ -65,7 +65,7 @@ JOB_UID = 10000
 # creation and its start.
 HOLD_LABEL = "posttrain.dev/e2e-hold"
 POD_FLAVORS: dict[str, dict[str, Any]] = {
-    "cpu-basic": {"cpu": "2", "cpuRequest": "250m", "memory": "3Gi", "priceMicroUSDPerMinute": 167},
+    "cpu-basic": {"cpu": "2", "cpuRequest": "250m", "memory": "4Gi", "priceMicroUSDPerMinute": 167},
     "held": {
         "cpu": "1",
         "cpuRequest": "100m",
