@@ -261,11 +261,13 @@ def _assert_hardened(pod: dict[str, Any]) -> None:
 # --- bounds: output cap, deadline, memory ---------------------------------------------------------
 
 BOUNDED = {
-    # 3 GiB of apparent size (sparse) in the job's own output dir: past the agent cap of 2 GiB.
+    # 3 GiB of apparent size (sparse) in the job's own output dir: past the agent cap of 2 GiB, in
+    # files of 1 GiB (RLIMIT_FSIZE refuses any single file past the cap).
     "output-cap": (
         "import os, time\n"
-        "with open(os.environ['POSTTRAIN_OUTPUT_DIR'] + '/big', 'wb') as f:\n"
-        "    f.truncate(3 << 30)\n"
+        "for i in range(3):\n"
+        "    with open(os.environ['POSTTRAIN_OUTPUT_DIR'] + f'/big{i}', 'wb') as f:\n"
+        "        f.truncate(1 << 30)\n"
         "time.sleep(600)\n",
         600,
     ),
@@ -321,7 +323,7 @@ def test_output_cap_deadline_and_memory_stop_the_job_charged_only_what_it_used(
     # Nothing outside the job's own output prefix changed: the big file is in its own dir only.
     outputs = release.cluster.store_dir / "outputs" / release.namespace / episode  # type: ignore[operator]
     assert sorted(p.relative_to(outputs).as_posix() for p in outputs.rglob("*") if p.is_file()) == [
-        f"{names['output-cap']}/big"
+        f"{names['output-cap']}/big{i}" for i in range(3)
     ]
 
 
