@@ -111,8 +111,21 @@ def delete(name: str) -> None:
     _kind("delete", "cluster", "--name", name)
 
 
+def node_has_image(name: str, image: str) -> bool:
+    """Whether the cluster's node already holds `image` (a kept cluster: skip a load of gigabytes)."""
+    proc = subprocess.run(
+        ["docker", "exec", f"{name}-control-plane", "ctr", "-n", "k8s.io", "images", "ls", "-q"],
+        capture_output=True,
+        text=True,
+    )
+    return proc.returncode == 0 and image in proc.stdout.split()
+
+
 def load_images(name: str, images: list[str]) -> None:
     for image in images:
+        if node_has_image(name, image):
+            log(f"{image} is already on {name}")
+            continue
         proc = _kind("load", "docker-image", image, "--name", name)
         if proc.returncode != 0:
             raise BuildError(f"kind load docker-image {image} failed: {proc.stderr.strip()[-2000:]}")
