@@ -83,6 +83,19 @@ def test_t0_artifact_on_pods(request: pytest.FixtureRequest, pods_release: Relea
     assert (result.outcome, result.reward) == ("Scored", "1"), result
     status = _assert_settled_from_pod_run_time(pods_release, result.episode)
     assert status["phase"] == "Completed" and status["reward"] == "1"
+    assert status["egress"] == {"verified": 3, "open": 0}, status
+    # Every job gone: the episode's namespace is deleted, and the Episode says so once it is.
+    jobs = [
+        j for j in pods_release.json("get", "agentjobs")["items"] if j["spec"]["episode"] == result.episode
+    ]
+    namespace = jobs[0]["status"]["backendJobId"].split("/")[0]
+    wait_for(
+        lambda: pods_release.json("get", "episode", result.episode)["status"].get("backendReleased"),
+        timeout=300,
+        interval=1,
+        what="the episode's backend resources released",
+    )
+    assert not pods_release.cluster.kubectl("get", "namespace", namespace, "--ignore-not-found").strip()
 
 
 def test_t0_arithmetic_format_on_pods(request: pytest.FixtureRequest, pods_release: Release) -> None:
