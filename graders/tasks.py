@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # The local assets are built by the project (`python -m graders.assets build`); bump this whenever the
 # build recipe changes so every cache and every emulator repo store sees a new revision.
-LOCAL_ASSETS_REVISION = "local-v1"
+LOCAL_ASSETS_REVISION = "local-v2"
 LOCAL_NAMESPACE = "posttrain-operator"
 
 # Every dataset repo holds its records in this one JSON Lines file.
