@@ -98,13 +98,6 @@ def test_t0_artifact_on_pods(request: pytest.FixtureRequest, pods_release: Relea
     assert not pods_release.cluster.kubectl("get", "namespace", namespace, "--ignore-not-found").strip()
 
 
-def test_t0_arithmetic_format_on_pods(request: pytest.FixtureRequest, pods_release: Release) -> None:
-    result = _play(request, pods_release, "t0_arithmetic_format")
-    assert result.outcome == "Scored" and result.reward is not None, result
-    assert float(result.reward) >= 0.9, result
-    _assert_settled_from_pod_run_time(pods_release, result.episode)
-
-
 # --- egress: verified from inside the pod, failing closed ---------------------------------------
 
 HOSTILE = r"""
@@ -344,3 +337,11 @@ def _logs(release: Release, job: str) -> list[str]:
     job_id = release.json("get", "agentjob", job)["status"]["backendJobId"]
     namespace, name = job_id.split("/")
     return release.cluster.kubectl("-n", namespace, "logs", name, check=False).splitlines()
+
+
+# Last: the longest (a CPU fine-tune of the tiny model).
+def test_t0_arithmetic_format_on_pods(request: pytest.FixtureRequest, pods_release: Release) -> None:
+    result = _play(request, pods_release, "t0_arithmetic_format")
+    assert result.outcome == "Scored" and result.reward is not None, result
+    assert float(result.reward) >= 0.9, result
+    _assert_settled_from_pod_run_time(pods_release, result.episode)
