@@ -201,8 +201,11 @@ def stage_store(store: Path) -> None:
         target = store / "repos" / repo.ref.kind / repo.ref.repo_id / repo.ref.revision
         if not target.exists():
             shutil.copytree(repo.path, target)
-    for directory, _, _ in os.walk(store / "repos"):
+    # Readable by the jobs' uid 10000 (the asset builder may leave weights 0600).
+    for directory, _, files in os.walk(store / "repos"):
         Path(directory).chmod(0o755)
+        for name in files:
+            Path(directory, name).chmod(0o644)
     (store / "outputs").mkdir(exist_ok=True)
     os.chown(store / "outputs", JOB_UID, JOB_UID)
 
