@@ -57,7 +57,7 @@ def build_config(tokenizer: PreTrainedTokenizerFast, *, hidden: int = 128, layer
     )
 
 
-def _answer_only_batch(
+def answer_only_batch(
     tokenizer: PreTrainedTokenizerFast, pairs: Sequence[tuple[str, str]]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded (input_ids, attention_mask, labels); the loss sees only completion + eos."""
@@ -77,7 +77,7 @@ def _answer_only_batch(
     return ids, mask, labels
 
 
-def _all_sums() -> list[tuple[str, str]]:
+def all_sums() -> list[tuple[str, str]]:
     return [(f"{a}+{b}=", str(a + b)) for a in range(OPERAND_MAX + 1) for b in range(OPERAND_MAX + 1)]
 
 
@@ -109,13 +109,13 @@ def pretrain_base_model(
     tokenizer = build_tokenizer()
     model = LlamaForCausalLM(build_config(tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR)
-    sums = _all_sums()
-    every_sum = _answer_only_batch(tokenizer, sums)
+    sums = all_sums()
+    every_sum = answer_only_batch(tokenizer, sums)
     model.train()
     started = time.monotonic()
     lead = float("-inf")
     for step in range(1, PRETRAIN_MAX_STEPS + 1):
-        ids, mask, labels = _answer_only_batch(tokenizer, rng.choices(sums, k=PRETRAIN_BATCH))
+        ids, mask, labels = answer_only_batch(tokenizer, rng.choices(sums, k=PRETRAIN_BATCH))
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()

@@ -65,6 +65,25 @@ def test_assets_are_cached_after_the_first_build(repos: dict[RepoRef, Path]) -> 
     assert weights.stat().st_mtime_ns == built_at
 
 
+def test_base_knows_every_sum_by_its_margin_after_a_reload(repos: dict[RepoRef, Path]) -> None:
+    """What makes the fine-tunes alike on every machine: the base's knowledge, not its weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from graders.assets.tiny_model import (
+        PRETRAIN_MARGIN,
+        all_sums,
+        answer_only_batch,
+        build_tokenizer,
+        smallest_lead,
+    )
+
+    assert ARITHMETIC.base_model is not None
+    model = AutoModelForCausalLM.from_pretrained(repos[ARITHMETIC.base_model], dtype=torch.float32)
+    model.train(False)
+    assert smallest_lead(model, answer_only_batch(build_tokenizer(), all_sums())) >= PRETRAIN_MARGIN
+
+
 def test_untrained_base_scores_at_most_0_1_on_the_hidden_split(
     repos: dict[RepoRef, Path], tmp_path: Path
 ) -> None:
