@@ -1,6 +1,13 @@
-"""Pod start latency of the chart's operator and gateway on a cluster with a node.
+"""Pod start latency on a cluster with a node: the chart's operator and gateway, and job pods.
 
     python bench/pod_start.py --kubeconfig KUBECONFIG [--namespace posttrain-e2e] [--rounds 5]
+    python bench/pod_start.py --kubeconfig KUBECONFIG --jobs 20   # pods-backend job pods
+
+Job pods (`--jobs N`, the chart installed with `pods.enabled`): one Episode with `backend: pods`
+and N train AgentJobs created one after another, each a script that prints the time it starts.
+Per job: AgentJob created (here) -> pod created (its creationTimestamp, whole seconds) -> script
+start (the script's own clock: the node shares this machine's), and the launcher's egress check
+(the seconds it reports in its log, between container start and the script).
 
 Needs the chart installed, e.g. `E2E_KEEP_CLUSTER=1 make e2e` leaves the kind cluster and its
 release in place (delete it afterwards with `kind delete cluster --name posttrain-e2e`). Each round
@@ -14,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import statistics
 import subprocess
 import time
+import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -73,6 +83,84 @@ def one_restart(kubeconfig: Path, namespace: str, release: str, component: str) 
         time.sleep(0.2)
 
 
+JOB_SCRIPT = "import time\nprint('script-start', repr(time.time()), flush=True)\n"
+EGRESS_LINE = re.compile(r"egress verified: (\d+) probes closed \((\d+) round\(s\), ([\d.]+)s\)")
+
+
+def _apply(kubeconfig: Path, namespace: str, body: dict[str, Any]) -> None:
+    subprocess.run(
+        [
+            str(ensure_binaries() / "kubectl"),
+            f"--kubeconfig={kubeconfig}",
+            "-n",
+            namespace,
+            "create",
+            "-f",
+            "-",
+        ],
+        input=json.dumps(body),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+
+def _wait(
+    kubeconfig: Path, namespace: str, kind: str, name: str, done: Any, timeout: float = 600
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        obj: dict[str, Any] = json.loads(
+            kubectl(kubeconfig, "-n", namespace, "get", kind, name, "-o", "json")
+        )
+        if done(obj.get("status") or {}):
+            return obj
+        time.sleep(0.2)
+    raise TimeoutError(f"{kind} {name} did not finish in {timeout}s")
+
+
+def job_pods(kubeconfig: Path, namespace: str, count: int) -> list[dict[str, float]]:
+    episode = f"bench-pods-{uuid.uuid4().hex[:6]}"
+    _apply(kubeconfig, namespace, {
+        "apiVersion": "posttrain.dev/v1alpha1", "kind": "Episode", "metadata": {"name": episode},
+        "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "pods", "agentTokenHash": "0" * 64,
+                 "limits": {"maxSteps": count + 5, "maxWallSeconds": 3600}},
+    })  # fmt: skip
+    _wait(kubeconfig, namespace, "episode", episode, lambda s: s.get("phase") == "Running")
+    samples = []
+    try:
+        for i in range(count):
+            name = f"{episode}-{i}"
+            created = time.time()
+            _apply(kubeconfig, namespace, {
+                "apiVersion": "posttrain.dev/v1alpha1", "kind": "AgentJob", "metadata": {"name": name},
+                "spec": {"episode": episode, "purpose": "train", "script": JOB_SCRIPT, "flavor": "cpu-basic",
+                         "timeoutSeconds": 120},
+            })  # fmt: skip
+            job = _wait(
+                kubeconfig, namespace, "agentjob", name, lambda s: s.get("phase") in ("Succeeded", "Failed")
+            )
+            pod_ns, pod_name = job["status"]["backendJobId"].split("/")
+            pod = json.loads(kubectl(kubeconfig, "-n", pod_ns, "get", "pod", pod_name, "-o", "json"))
+            logs = kubectl(kubeconfig, "-n", pod_ns, "logs", pod_name)
+            start = float(re.search(r"script-start ([\d.e+]+)", logs).group(1))  # type: ignore[union-attr]
+            egress = EGRESS_LINE.search(logs)
+            samples.append({
+                "job_to_script": start - created,
+                "pod_to_script": start - _ts(pod["metadata"]["creationTimestamp"]),
+                "egress": float(egress.group(3)) if egress else math.nan,
+                "egress_rounds": float(egress.group(2)) if egress else math.nan,
+            })  # fmt: skip
+    finally:
+        kubectl(kubeconfig, "-n", namespace, "delete", "episode", episode, "--wait=false")
+    return samples
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -81,7 +169,23 @@ def main() -> None:
     parser.add_argument("--namespace", default="posttrain-e2e")
     parser.add_argument("--release", default="pt")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--jobs", type=int, default=0, help="measure N pods-backend job pods instead")
     args = parser.parse_args()
+    if args.jobs:
+        samples = job_pods(args.kubeconfig, args.namespace, args.jobs)
+        print(f"{'job pods':28} {'n':>3} {'p50':>6} {'p99':>6} {'max':>6}")
+        for key, label in (
+            ("job_to_script", "AgentJob created -> script"),
+            ("pod_to_script", "pod created -> script"),
+            ("egress", "egress check (launcher)"),
+        ):
+            values = [s[key] for s in samples]
+            print(f"{label:28} {len(values):>3} {statistics.median(values):>5.1f}s "
+                  f"{percentile(values, 0.99):>5.1f}s {max(values):>5.1f}s")  # fmt: skip
+        retried = sum(1 for s in samples if s["egress_rounds"] > 1)
+        print(f"egress checks that found something open in their first round (policy not yet in place): "
+              f"{retried}/{len(samples)}")  # fmt: skip
+        return
     print(
         f"{'component':10} {'rounds':>6} {'restart->Ready p50':>19} {'max':>7} "
         f"{'create->running':>16} {'running->Ready':>15}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -114,7 +115,10 @@ def image_exists(tag: str) -> bool:
 
 
 def remove_other_tags(repository: str, keep: str) -> None:
-    """Drop the images of older recipes of `repository`: each tag is a key, so they are never reused."""
+    """Drop the images of older recipes of `repository`: each tag is a key, so they are never reused.
+    KEEP_OLDER_IMAGES=1 keeps them (several checkouts building on one Docker host)."""
+    if os.environ.get("KEEP_OLDER_IMAGES") == "1":
+        return
     listed = subprocess.run(
         ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", repository],
         capture_output=True,

@@ -49,7 +49,8 @@ def node_image() -> str:
     return nodeimage.build_node_image()
 
 
-def cluster_config(image: str) -> dict[str, object]:
+def cluster_config(image: str, mounts: dict[str, str] | None = None) -> dict[str, object]:
+    """`mounts`: host directory -> path in the node (e.g. a hostPath artifact store both sides see)."""
     patches: list[str] = []
     containerd_patches: list[str] = []
     if image.startswith(nodeimage.REPOSITORY):
@@ -61,11 +62,10 @@ def cluster_config(image: str) -> dict[str, object]:
         patches.append("kind: KubeletConfiguration\noomScoreAdj: 0\n")
         patches.append("kind: KubeProxyConfiguration\noomScoreAdj: 0\n")
         containerd_patches.append('[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true\n')
-    config: dict[str, object] = {
-        "kind": "Cluster",
-        "apiVersion": "kind.x-k8s.io/v1alpha4",
-        "nodes": [{"role": "control-plane", "image": image}],
-    }
+    node: dict[str, object] = {"role": "control-plane", "image": image}
+    if mounts:
+        node["extraMounts"] = [{"hostPath": host, "containerPath": inside} for host, inside in mounts.items()]
+    config: dict[str, object] = {"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4", "nodes": [node]}
     if patches:
         config["kubeadmConfigPatches"] = patches
     if containerd_patches:
@@ -81,12 +81,14 @@ def exists(name: str) -> bool:
     return name in _kind("get", "clusters").stdout.split()
 
 
-def create(name: str, kubeconfig: Path, image: str | None = None) -> Path:
+def create(
+    name: str, kubeconfig: Path, image: str | None = None, mounts: dict[str, str] | None = None
+) -> Path:
     """Create the cluster (one node) and write its kubeconfig; the control plane is Ready after."""
     image = image or node_image()
     kubeconfig.parent.mkdir(parents=True, exist_ok=True)
     config_file = kubeconfig.with_name(f"{name}-kind-config.yaml")
-    config_file.write_text(yaml.safe_dump(cluster_config(image), sort_keys=False))
+    config_file.write_text(yaml.safe_dump(cluster_config(image, mounts), sort_keys=False))
     if exists(name):
         log(f"deleting the leftover kind cluster {name}")
         delete(name)
@@ -109,8 +111,21 @@ def delete(name: str) -> None:
     _kind("delete", "cluster", "--name", name)
 
 
+def node_has_image(name: str, image: str) -> bool:
+    """Whether the cluster's node already holds `image` (a kept cluster: skip a load of gigabytes)."""
+    proc = subprocess.run(
+        ["docker", "exec", f"{name}-control-plane", "ctr", "-n", "k8s.io", "images", "ls", "-q"],
+        capture_output=True,
+        text=True,
+    )
+    return proc.returncode == 0 and image in proc.stdout.split()
+
+
 def load_images(name: str, images: list[str]) -> None:
     for image in images:
+        if node_has_image(name, image):
+            log(f"{image} is already on {name}")
+            continue
         proc = _kind("load", "docker-image", image, "--name", name)
         if proc.returncode != 0:
             raise BuildError(f"kind load docker-image {image} failed: {proc.stderr.strip()[-2000:]}")

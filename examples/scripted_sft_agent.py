@@ -49,11 +49,14 @@ class ToolError(RuntimeError):
     pass
 
 
-async def _reset(gateway: str, orchestrator_token: str, task: str) -> dict[str, Any]:
+async def _reset(
+    gateway: str, orchestrator_token: str, task: str, backend: str | None = None, **extra: Any
+) -> dict[str, Any]:
     ws_url = gateway.replace("http://", "ws://").replace("https://", "wss://") + "/ws"
     headers = {"Authorization": f"Bearer {orchestrator_token}"}
     async with websockets.connect(ws_url, additional_headers=headers) as conn:
-        await conn.send(json.dumps({"type": "reset", "data": {"task": task}}))
+        data = {"task": task} | ({"backend": backend} if backend else {}) | extra
+        await conn.send(json.dumps({"type": "reset", "data": data}))
         reply = json.loads(await asyncio.wait_for(conn.recv(), 60))
     if reply.get("type") != "observation":
         raise ToolError(f"reset failed: {reply}")
@@ -95,11 +98,15 @@ async def _wait(session: Client, say: Callable[[str], None], job: str | None = N
 
 
 async def run_episode(
-    gateway: str, orchestrator_token: str, task: str, say: Callable[[str], None] = print
+    gateway: str,
+    orchestrator_token: str,
+    task: str,
+    say: Callable[[str], None] = print,
+    backend: str | None = None,
 ) -> EpisodeResult:
     started = time.monotonic()
     script_path, timeout = SOLUTIONS[task]
-    observation = await _reset(gateway, orchestrator_token, task)
+    observation = await _reset(gateway, orchestrator_token, task, backend)
     token = observation["metadata"]["agent_token"]
     episode = observation["episode"]
     say(f"[{task}] episode {episode} started")
@@ -138,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateway", required=True)
     parser.add_argument("--orchestrator-token", required=True)
     parser.add_argument("--task", choices=sorted(SOLUTIONS), default="t0_artifact")
+    parser.add_argument("--backend", choices=["hf-jobs", "pods"], help="default: the gateway's")
     args = parser.parse_args(argv)
-    result = asyncio.run(run_episode(args.gateway, args.orchestrator_token, args.task))
+    result = asyncio.run(run_episode(args.gateway, args.orchestrator_token, args.task, backend=args.backend))
     print(json.dumps(asdict(result)))
     return 0 if result.outcome == "Scored" else 1
 

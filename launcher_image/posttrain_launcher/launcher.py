@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from types import FrameType
 
-from . import environment, packages, sandbox
+from . import egress, environment, packages, sandbox
 from .bounds import Bounds, BoundsError, derive_bounds
 from .spec import ROOT_ENV, JobSpec, SpecError, host_path, load_spec
 
@@ -317,6 +317,19 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     if args:
         _say("error: no arguments are taken; the job comes from POSTTRAIN_JOB_SPEC")
         return EXIT_REFUSED
+    if egress.enabled(env):  # before anything of the job, its packages included
+        try:
+            outcome = egress.verify(env)
+        except egress.EgressConfigError as exc:
+            _say(f"error: {exc}")
+            return EXIT_REFUSED
+        if not outcome.verified:
+            _say(f"error: {egress.open_reason(outcome)}")
+            return egress.EXIT_EGRESS_OPEN
+        _say(
+            f"egress verified: {outcome.probes} probes closed "
+            f"({outcome.rounds} round(s), {outcome.seconds:.1f}s)"
+        )
     try:
         job = prepare(env)
     except Refusal as exc:

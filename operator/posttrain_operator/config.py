@@ -4,18 +4,41 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class PodFlavor(BaseSettings):
-    """A pods-backend flavor: the resources a job pod gets and what a minute of it costs."""
+class PodFlavor(BaseModel):
+    """A pods-backend flavor: the resources a job pod gets, where it runs, and what a minute of it
+    costs. Keys as in the chart's `pods.flavors` (camelCase; snake_case accepted too)."""
 
-    cpu: str = "1"
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    cpu: str = "1"  # the limit; also the request unless cpuRequest is lower
     memory: str = "2Gi"
-    price_micro_usd_per_minute: int = Field(default=167, ge=0)
+    cpu_request: str | None = None
+    memory_request: str | None = None
+    gpus: int = Field(default=0, ge=0)
+    price_micro_usd_per_minute: int = Field(default=167, ge=0, alias="priceMicroUSDPerMinute")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    runtime_class_name: str | None = None
+    priority_class_name: str | None = None
+    queue: str | None = None  # Kueue LocalQueue (label kueue.x-k8s.io/queue-name)
+
+
+class EgressProbe(BaseModel):
+    """An address job pods must not reach (checked by their launcher before any job code)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=63)
+    host: str = Field(min_length=1, max_length=253)
+    port: int = Field(ge=1, le=65535)
+    kind: Literal["tcp", "dns"] = "tcp"
 
 
 class OperatorSettings(BaseSettings):
@@ -59,6 +82,14 @@ class OperatorSettings(BaseSettings):
     pods_store_path: str | None = None
     pods_scratch_size: str = "10Gi"
     pods_cancel_grace_seconds: int = Field(default=2, ge=0, le=5)
+    # The launcher's egress check in every job pod (fails closed, exit 4). Probes besides the ones the
+    # pod finds itself and the operator adds (its broker, the gateway): [{"name","host","port"}].
+    pods_egress_check: bool = True
+    pods_egress_probes: list[EgressProbe] = Field(default_factory=list)
+    pods_egress_bound_seconds: float = Field(default=20.0, gt=0, le=300)
+    pod_ip: str | None = None  # this operator's pod IP (Downward API): its broker is probed
+    pods_gateway_host: str | None = None  # the gateway's Service name: resolved, then probed
+    pods_gateway_port: int = Field(default=80, ge=1, le=65535)
 
     # The internal broker API (logs, artifacts) that only the gateway's ServiceAccount may call.
     broker_host: str = "0.0.0.0"

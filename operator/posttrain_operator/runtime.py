@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,7 +57,19 @@ def build_backends(settings: OperatorSettings, api_client: Any = None) -> dict[s
             PodsConfig(
                 image=settings.pods_image,
                 flavors={
-                    name: Flavor(f.cpu, f.memory, f.price_micro_usd_per_minute)
+                    name: Flavor(
+                        f.cpu,
+                        f.memory,
+                        f.price_micro_usd_per_minute,
+                        cpu_request=f.cpu_request,
+                        memory_request=f.memory_request,
+                        gpus=f.gpus,
+                        node_selector=f.node_selector,
+                        tolerations=tuple(f.tolerations),
+                        runtime_class_name=f.runtime_class_name,
+                        priority_class_name=f.priority_class_name,
+                        queue=f.queue,
+                    )
                     for name, f in settings.pods_flavors.items()
                 },
                 store_volume=settings.pods_store_volume,
@@ -66,10 +79,31 @@ def build_backends(settings: OperatorSettings, api_client: Any = None) -> dict[s
                 scratch_size=settings.pods_scratch_size,
                 cancel_grace_seconds=settings.pods_cancel_grace_seconds,
                 max_log_bytes=settings.max_artifact_bytes,
+                egress_probes=egress_probes(settings) if settings.pods_egress_check else None,
+                egress_bound_seconds=settings.pods_egress_bound_seconds,
             ),
             api_client,
         )
     return backends
+
+
+def egress_probes(settings: OperatorSettings) -> tuple[dict[str, Any], ...]:
+    """What job pods must find closed: the configured probes, this operator's broker, and the
+    gateway's Service (resolved here: job pods cannot resolve names, or must not)."""
+    probes = [p.model_dump() for p in settings.pods_egress_probes]
+    if settings.pod_ip:
+        probes.append({"name": "operator-broker", "host": settings.pod_ip, "port": settings.broker_port})
+    if settings.pods_gateway_host:
+        try:
+            infos = socket.getaddrinfo(settings.pods_gateway_host, settings.pods_gateway_port, socket.AF_INET)
+        except OSError as exc:
+            log.warning(
+                "cannot resolve the gateway %s for the egress check: %s", settings.pods_gateway_host, exc
+            )
+            infos = []
+        for host in sorted({str(info[4][0]) for info in infos}):
+            probes.append({"name": "gateway", "host": host, "port": settings.pods_gateway_port})
+    return tuple(probes)
 
 
 class EventRecorder:

@@ -8,18 +8,24 @@ with `helm install --wait`, and deletes the cluster at the end. Any other cluste
     E2E_HOST_ADDRESS=10.0.0.5 pytest tests/e2e
 
 (the image must be pullable by the cluster, and E2E_HOST_ADDRESS is where its pods reach this
-machine, on which the tests run the HF Jobs emulator). E2E_KEEP_CLUSTER=1 keeps the kind cluster.
+machine, on which the tests run the HF Jobs emulator). E2E_KEEP_CLUSTER=1 keeps the kind cluster and
+its release, and a later session with it set reuses them (the chart upgraded in place);
+E2E_CLUSTER_NAME names it (default posttrain-e2e), so two checkouts on one Docker host do not collide.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import re
 import secrets
+import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -40,7 +46,7 @@ from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "posttrain-operator"
-CLUSTER_NAME = "posttrain-e2e"
+CLUSTER_NAME = os.environ.get("E2E_CLUSTER_NAME", "posttrain-e2e")
 RELEASE = "pt"
 NAMESPACE = "posttrain-e2e"
 HF_TOKEN = "hf_e2e_test_token_0123456789"
@@ -50,6 +56,24 @@ FULLNAME = f"{RELEASE}-posttrain-operator"
 OPERATOR_DEPLOYMENT = f"{FULLNAME}-operator"
 GATEWAY_DEPLOYMENT = f"{FULLNAME}-gateway"
 GATEWAY_SERVICE = f"{FULLNAME}-gateway"
+# The pods backend's artifact store on kind: a directory of this machine, mounted into the node, that
+# the chart's hostPath volume names; the tests place the task repos in it and read job outputs.
+STORE_IN_NODE = "/var/lib/posttrain-store"
+JOB_UID = 10000
+# On a one-node cluster of two cores, the control plane already requests about one: ask for less.
+# "held" pods stay Pending until a test labels the node: what lets a test act between the pod's
+# creation and its start.
+HOLD_LABEL = "posttrain.dev/e2e-hold"
+POD_FLAVORS: dict[str, dict[str, Any]] = {
+    "cpu-basic": {"cpu": "2", "cpuRequest": "250m", "memory": "4Gi", "priceMicroUSDPerMinute": 167},
+    "held": {
+        "cpu": "1",
+        "cpuRequest": "100m",
+        "memory": "1Gi",
+        "priceMicroUSDPerMinute": 167,
+        "nodeSelector": {HOLD_LABEL: "released"},
+    },
+}
 
 
 def say(config: pytest.Config, text: str) -> None:
@@ -64,6 +88,7 @@ class Cluster:
     kubeconfig: Path
     is_kind: bool
     bin_dir: Path
+    store_dir: Path | None = None  # the pods backend's store, as this machine sees it (kind only)
 
     def run(
         self, tool: str, *args: str, input: str | None = None, timeout: float = 120
@@ -128,15 +153,22 @@ def e2e_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if given:
         yield Cluster(Path(given).expanduser(), is_kind=False, bin_dir=bin_dir)
         return
-    workdir = Path(tempfile.mkdtemp(prefix="posttrain-e2e-"))
-    kubeconfig = kind.create(CLUSTER_NAME, workdir / "kubeconfig")
-    cluster = Cluster(kubeconfig, is_kind=True, bin_dir=bin_dir)
+    keep = os.environ.get("E2E_KEEP_CLUSTER") == "1"
+    # A kept cluster's files live at a name derived from the cluster's, so a later session finds them.
+    workdir = Path(tempfile.gettempdir(), f"posttrain-e2e-{CLUSTER_NAME}")
+    store, kubeconfig = workdir / "store", workdir / "kubeconfig"
+    if not (keep and kubeconfig.exists() and kind.exists(CLUSTER_NAME)):
+        remove_tree(workdir)
+        workdir.mkdir(mode=0o711)
+        store.mkdir(mode=0o755)
+        kind.create(CLUSTER_NAME, kubeconfig, mounts={str(store): STORE_IN_NODE})
+    cluster = Cluster(kubeconfig, is_kind=True, bin_dir=bin_dir, store_dir=store)
     try:
         nodes = cluster.kubectl("get", "nodes", "-o", "wide")
         say(request.config, f"\nkind cluster {CLUSTER_NAME}:\n{nodes}")
         yield cluster
     finally:
-        if os.environ.get("E2E_KEEP_CLUSTER") != "1":
+        if not keep:
             kind.delete(CLUSTER_NAME)
             remove_tree(workdir)
 
@@ -153,6 +185,32 @@ def operator_image(e2e_cluster: Cluster) -> str:
 
 
 @pytest.fixture(scope="session")
+def launcher_image(e2e_cluster: Cluster) -> str | None:
+    """The image of the pods backend's jobs (kind only: elsewhere the pods backend stays off)."""
+    if not e2e_cluster.is_kind:
+        return None
+    tag = images.build(images.LAUNCHER, images.choose_base())
+    kind.load_images(CLUSTER_NAME, [tag])
+    return tag
+
+
+def stage_store(store: Path) -> None:
+    """The store's layout (backends/pods/names.py): every task repo read-only under `repos/`, and
+    `outputs/`, where the operator (uid 10000) makes each job's output dir."""
+    for repo in materialize_assets():
+        target = store / "repos" / repo.ref.kind / repo.ref.repo_id / repo.ref.revision
+        if not target.exists():
+            shutil.copytree(repo.path, target)
+    # Readable by the jobs' uid 10000 (the asset builder may leave weights 0600).
+    for directory, _, files in os.walk(store / "repos"):
+        Path(directory).chmod(0o755)
+        for name in files:
+            Path(directory, name).chmod(0o644)
+    (store / "outputs").mkdir(exist_ok=True)
+    os.chown(store / "outputs", JOB_UID, JOB_UID)
+
+
+@pytest.fixture(scope="session")
 def host_address(e2e_cluster: Cluster) -> str:
     """Where the cluster's pods reach this machine (the host side of the kind network)."""
     given = os.environ.get("E2E_HOST_ADDRESS")
@@ -161,6 +219,35 @@ def host_address(e2e_cluster: Cluster) -> str:
     if not e2e_cluster.is_kind:
         pytest.fail("E2E_HOST_ADDRESS is needed with E2E_KUBECONFIG: where pods reach this machine")
     return kind.host_address(CLUSTER_NAME)
+
+
+@dataclass
+class Canary:
+    """A TCP server on this machine, on the kind network's host side: every pod could reach it but
+    for its NetworkPolicy. Counts the connections it accepted."""
+
+    host: str
+    port: int
+    accepted: int = 0
+
+
+@pytest.fixture(scope="session")
+def canary(host_address: str) -> Iterator[Canary]:
+    server = socket.create_server((host_address, 0))
+    found = Canary(host_address, int(server.getsockname()[1]))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                found.accepted += 1
+                conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield found
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")
@@ -187,8 +274,25 @@ def hf_emulator(host_address: str) -> Iterator[HfEmulator]:
         remove_tree(data_dir)
 
 
-def e2e_values(image: str, emulator_url: str, pull_policy: str) -> dict[str, Any]:
+def e2e_values(
+    image: str,
+    emulator_url: str,
+    pull_policy: str,
+    launcher_image: str | None = None,
+    canary: Canary | None = None,
+) -> dict[str, Any]:
     repository, tag = image.rsplit(":", 1)
+    pods: dict[str, Any] = {"enabled": False}
+    if launcher_image is not None:
+        pods = {
+            "enabled": True,
+            "image": launcher_image,
+            "storeVolume": {"hostPath": {"path": STORE_IN_NODE, "type": "Directory"}},
+            "flavors": POD_FLAVORS,
+            "egressCheck": {
+                "probes": [{"name": "canary", "host": canary.host, "port": canary.port}] if canary else []
+            },
+        }
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": pull_policy},
         "operator": {"pollIntervalSeconds": 2},
@@ -200,25 +304,41 @@ def e2e_values(image: str, emulator_url: str, pull_policy: str) -> dict[str, Any
             "bucket": BUCKET,
         },
         "gateway": {"orchestratorTokenSecret": {"name": "orchestrator", "key": "token"}},
+        "pods": pods,
     }
 
 
 @pytest.fixture(scope="session")
 def release(
-    request: pytest.FixtureRequest, e2e_cluster: Cluster, operator_image: str, hf_emulator: HfEmulator
+    request: pytest.FixtureRequest,
+    e2e_cluster: Cluster,
+    operator_image: str,
+    launcher_image: str | None,
+    hf_emulator: HfEmulator,
+    canary: Canary,
 ) -> Iterator[Release]:
-    """The chart installed with `helm install --wait`, and the Secrets it references."""
+    """The chart installed with `helm install --wait`, and the Secrets it references; on kind with
+    the pods backend enabled too, its store staged."""
     cluster = e2e_cluster
-    cluster.kubectl("create", "namespace", NAMESPACE)
-    orchestrator_token = secrets.token_urlsafe(24)
-    for name, value in (("hf-token", HF_TOKEN), ("orchestrator", orchestrator_token)):
+    if cluster.store_dir is not None:
+        stage_store(cluster.store_dir)
+    reused = bool(cluster.kubectl("get", "namespace", NAMESPACE, "--ignore-not-found").strip())
+    if reused:  # a kept release: its gateway already holds this token
+        token = cluster.json("-n", NAMESPACE, "get", "secret", "orchestrator")["data"]["token"]
+        orchestrator_token = base64.b64decode(token).decode()
+    else:
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        orchestrator_token = secrets.token_urlsafe(24)
+    for name, value in () if reused else (("hf-token", HF_TOKEN), ("orchestrator", orchestrator_token)):
         cluster.kubectl("-n", NAMESPACE, "create", "secret", "generic", name, f"--from-literal=token={value}")
     values = Path(tempfile.mkdtemp(prefix="e2e-values-")) / "values.yaml"
     pull_policy = "Never" if cluster.is_kind else "IfNotPresent"
-    values.write_text(yaml.safe_dump(e2e_values(operator_image, hf_emulator.url, pull_policy)))
+    values.write_text(
+        yaml.safe_dump(e2e_values(operator_image, hf_emulator.url, pull_policy, launcher_image, canary))
+    )
     started = time.monotonic()
     proc = cluster.helm(
-        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values),
+        "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values),
         "--wait", "--timeout", "8m",
     )  # fmt: skip
     install_seconds = time.monotonic() - started

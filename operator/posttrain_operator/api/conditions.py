@@ -15,6 +15,7 @@ COMPLETE = "Complete"
 ENDED = "Ended"  # Episode: Completed or Failed
 FINISHED = "Finished"  # AgentJob: Succeeded, Failed, Cancelled or Rejected
 BACKEND_READY = "BackendReady"  # Episode: its backend's credentials were accepted at the last check
+EGRESS_VERIFIED = "EgressVerified"  # AgentJob (pods): its pod found every probed address closed
 
 # Reasons (PascalCase, stable: clients match on them).
 ORPHANED_JOBS = "OrphanedJobs"
@@ -30,6 +31,8 @@ DEADLINE_EXCEEDED = "DeadlineExceeded"
 EPISODE_ENDED = "EpisodeEnded"
 CANCEL_UNCONFIRMED = "CancelUnconfirmed"
 UNKNOWN_TASK = "UnknownTask"
+PROBES_CLOSED = "ProbesClosed"
+EGRESS_OPEN = "EgressOpen"
 
 
 def set_condition(

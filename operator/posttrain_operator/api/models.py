@@ -196,6 +196,11 @@ class OrphanedJob(ApiModel):
     )
 
 
+class EgressCounts(ApiModel):
+    verified: int = Field(default=0, ge=0, description="verified counts jobs whose pod found egress closed.")
+    open: int = Field(default=0, ge=0, description="open counts jobs stopped: their egress was open.")
+
+
 class EpisodeStatus(ApiModel):
     phase: EpisodePhase | None = Field(
         default=None,
@@ -227,6 +232,13 @@ class EpisodeStatus(ApiModel):
         default_factory=list, max_length=MAX_ORPHANS,
         description="orphanedJobs lists jobs whose cancellation is unconfirmed; retried with backoff.",
     )  # fmt: skip
+    backend_released: bool | None = Field(
+        default=None,
+        description="backendReleased: the episode's backend resources are gone (pods: its namespace).",
+    )
+    egress: EgressCounts | None = Field(
+        default=None, description="egress counts the egress checks of this episode's job pods (pods backend)."
+    )
     agent_token_hash: str | None = Field(
         default=None, pattern=SHA256_PATTERN, description="agentTokenHash is the sha256 of the agent's token."
     )
@@ -297,7 +309,7 @@ class AgentJobStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list, max_length=MAX_CONDITIONS,
         description="conditions: Admitted, Submitted, Complete, Finished (terminal: kubectl wait "
-        "--for=condition=Finished).",
+        "--for=condition=Finished), EgressVerified (pods backend).",
     )  # fmt: skip
     backend: Backend | None = Field(default=None, description="backend is where the job runs.")
     backend_job_id: str | None = Field(default=None, description="backendJobId is the job's id there.")

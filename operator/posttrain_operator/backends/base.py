@@ -88,6 +88,10 @@ class RemoteStatus:
     # The job process's, once it ended, where the backend tells it (pods: the container's; HF Jobs: 0
     # for COMPLETED, else the code its failure message names); None where it does not.
     exit_code: int | None = None
+    # What the job's launcher found when it checked, from inside its pod, that its network was
+    # closed (pods only): True verified, False open (the job did not run), None not reported.
+    egress_verified: bool | None = None
+    egress_message: str = ""
 
 
 @dataclass(frozen=True)

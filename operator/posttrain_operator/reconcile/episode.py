@@ -148,6 +148,13 @@ async def reconcile_episode(
             await _check_scoring(ctx, body, spec, status, task)
         elif status.phase in ENDED_PHASES and _has_unsettled_jobs(status):
             await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode ended")
+        elif (
+            status.phase in ENDED_PHASES
+            and _needs_release(ctx, spec.backend, status)
+            and await release_backend_resources(ctx, body)
+        ):
+            # Every job is settled (confirmed gone); a restarted operator lands here too.
+            await _set(ctx, body, backend_released=True)
         if status.orphaned_jobs:
             await collect_orphans(ctx, namespace, name)
 
@@ -159,7 +166,9 @@ async def _idle(ctx: Context, observed: dict[str, Any]) -> bool:
     if status.orphaned_jobs or observed["metadata"].get("deletionTimestamp"):
         return False
     if status.phase in ENDED_PHASES:
-        return not _has_unsettled_jobs(status)
+        return not _has_unsettled_jobs(status) and not _needs_release(
+            ctx, observed["spec"]["backend"], status
+        )
     if status.phase != "Running":
         return False
     spec = EpisodeSpec.model_validate(observed["spec"])
@@ -179,6 +188,10 @@ async def _limit(ctx: Context, spec: EpisodeSpec, status: EpisodeStatus, task: T
     if end is not None or jobs_running(status.ledger):
         return end
     return limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task))
+
+
+def _needs_release(ctx: Context, backend: str, status: EpisodeStatus) -> bool:
+    return isinstance(ctx.backends.get(backend), SupportsEpisodeCleanup) and not status.backend_released
 
 
 def _has_unsettled_jobs(status: EpisodeStatus) -> bool:
@@ -323,16 +336,18 @@ async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
         await release_backend_resources(ctx, body)
 
 
-async def release_backend_resources(ctx: Context, body: dict[str, Any]) -> None:
-    """Per-episode backend resources go once every job is confirmed gone (best effort: a failure
-    is logged, and deleting the Episode tries again)."""
+async def release_backend_resources(ctx: Context, body: dict[str, Any]) -> bool:
+    """Per-episode backend resources go once every job is confirmed gone; True once they are gone.
+    A failure is logged; the ended Episode's next pass (or its deletion) tries again."""
     backend = ctx.backends.get(body["spec"]["backend"])
-    if isinstance(backend, SupportsEpisodeCleanup):
-        meta = body["metadata"]
-        try:
-            await backend.release_episode(meta["namespace"], meta["name"])
-        except Exception as exc:
-            log.warning("releasing %s/%s on its backend failed: %s", meta["namespace"], meta["name"], exc)
+    if not isinstance(backend, SupportsEpisodeCleanup):
+        return True
+    meta = body["metadata"]
+    try:
+        return await backend.release_episode(meta["namespace"], meta["name"])
+    except Exception as exc:
+        log.warning("releasing %s/%s on its backend failed: %s", meta["namespace"], meta["name"], exc)
+        return False
 
 
 async def _start_scoring(

@@ -19,6 +19,7 @@ from posttrain_operator.api.models import (
     AgentJobSpec,
     AgentJobStatus,
     Artifact,
+    EgressCounts,
     EpisodeStatus,
     GradeResult,
     status_of,
@@ -77,7 +78,8 @@ async def finish_agentjob(
     cost = 0
     if seconds and status.backend:
         cost = ledger_math.cost_for(await ctx.backend(status.backend).price(spec.flavor), seconds)
-    charged = await _settle(ctx, namespace, spec.episode, name, cost)
+    egress = remote.egress_verified if remote else None
+    charged = await _settle(ctx, namespace, spec.episode, name, cost, egress)
     if spec.purpose == "score":
         charged = 0  # platform spend: never the agent's
     update: dict[str, Any] = {
@@ -97,13 +99,25 @@ async def finish_agentjob(
     status = status.model_copy(update=update)
     status = with_condition(ctx, job, status, cond.COMPLETE, phase == "Succeeded", reason, message)
     status = with_condition(ctx, job, status, cond.FINISHED, True, reason, message)
+    if remote is not None and remote.egress_verified is not None:
+        status = with_condition(
+            ctx,
+            job,
+            status,
+            cond.EGRESS_VERIFIED,
+            remote.egress_verified,
+            cond.PROBES_CLOSED if remote.egress_verified else cond.EGRESS_OPEN,
+            remote.egress_message,
+        )
     await write_job_status(ctx, job, status)
     ctx.emit(job, "Normal" if phase in ("Succeeded", "Cancelled") else "Warning", reason, message)
 
 
-async def _settle(ctx: Context, namespace: str, episode: str, name: str, cost: int) -> int:
+async def _settle(
+    ctx: Context, namespace: str, episode: str, name: str, cost: int, egress: bool | None = None
+) -> int:
     """Release the job's reservation and charge `cost` (one compare-and-swap, which also takes the
-    job off the orphan list); returns what the agent was charged."""
+    job off the orphan list, and counts its egress check); returns what the agent was charged."""
 
     def settle(body: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, Settled]:
         new, charged = current, cost
@@ -111,6 +125,11 @@ async def _settle(ctx: Context, namespace: str, episode: str, name: str, cost: i
             ledger, charged, changed = ledger_math.settle(current.ledger, name, cost)
             if changed:
                 new = new.model_copy(update={"ledger": ledger})
+                if egress is not None:  # once per job: only with the ledger entry it settles
+                    counts = current.egress or EgressCounts()
+                    field = "verified" if egress else "open"
+                    counts = counts.model_copy(update={field: getattr(counts, field) + 1})
+                    new = new.model_copy(update={"egress": counts})
         new = without_orphan(ctx, body, new, name) or new
         before, after = current.ledger, new.ledger
         booked = Settled(

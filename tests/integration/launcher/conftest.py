@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,9 @@ def launch_job(
     timeout: float = 180,
     role: str = "agent",
     flavor: Mapping[str, str] = FLAVOR_ENV,
+    wrap: Sequence[str] = (),
 ) -> Launched:
+    """`wrap`: a command the launcher runs under (e.g. `unshare -n`)."""
     spec = JobSpec(
         role=role,
         script=script,
@@ -106,7 +108,7 @@ def launch_job(
     if spec_json is not None:
         env["POSTTRAIN_JOB_SPEC"] = spec_json
     proc = subprocess.run(
-        launcher_command(python),
+        [*wrap, *launcher_command(python)],
         env=env,
         capture_output=True,
         text=True,

@@ -124,8 +124,13 @@ async def test_submit_isolates_the_episode_namespace_before_creating_a_hardened_
     assert container["command"] == ["python", "-m", "posttrain_launcher"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert json.loads(env["POSTTRAIN_JOB_SPEC"])["script"] == "print(1)"
-    # The API server accepted the Downward API references the launcher's bounds come from.
-    assert {e["name"] for e in container["env"] if "valueFrom" in e} == {"MEMORY", "CPU_CORES"}
+    # The API server accepted the Downward API references the launcher's bounds and its egress
+    # check's node address come from.
+    assert {e["name"] for e in container["env"] if "valueFrom" in e} == {
+        "MEMORY",
+        "CPU_CORES",
+        "POSTTRAIN_NODE_IP",
+    }
     assert pod["status"]["phase"] == "Pending"  # no node: it never runs here
 
     out = tmp_path / "store" / "outputs" / namespace / "ep1" / "aj-first"

@@ -332,3 +332,34 @@ def test_pods_backend_mounts_its_store_in_the_operator_only_when_enabled(
     assert env["POSTTRAIN_PODS_STORE_PATH"]["value"] == "/store"
     default = one(default_docs, "Deployment", f"{FULL}-operator")["spec"]["template"]["spec"]
     assert [v["name"] for v in default["volumes"]] == ["tmp"]
+
+
+def test_pods_flavors_reach_the_operator_settings_as_rendered() -> None:
+    flavors = {
+        "cpu-basic": {"cpu": "1", "memory": "2Gi", "cpuRequest": "250m", "priceMicroUSDPerMinute": 167},
+        "gpu-a100": {
+            "cpu": "8",
+            "memory": "64Gi",
+            "gpus": 1,
+            "priceMicroUSDPerMinute": 40000,
+            "nodeSelector": {"pool": "a100"},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "runtimeClassName": "gvisor",
+            "priorityClassName": "batch-low",
+            "queue": "team-a-gpu",
+        },
+    }
+    docs = render({**HF_VALUES, "pods": {**PODS, "flavors": flavors}})
+    spec = one(docs, "Deployment", f"{FULL}-operator")["spec"]["template"]["spec"]
+    rendered = container_env(spec["containers"][0])["POSTTRAIN_PODS_FLAVORS"]["value"]
+    settings = OperatorSettings.model_validate({"pods_flavors": json.loads(rendered)})
+    gpu = settings.pods_flavors["gpu-a100"]
+    assert (gpu.gpus, gpu.price_micro_usd_per_minute, gpu.queue) == (1, 40000, "team-a-gpu")
+    assert gpu.node_selector == {"pool": "a100"} and gpu.runtime_class_name == "gvisor"
+    assert settings.pods_flavors["cpu-basic"].cpu_request == "250m"
+    # A flavor without a price is refused by the chart's schema, before anything is installed.
+    proc = run_helm(
+        "template", "pt", str(CHART),
+        values={**HF_VALUES, "pods": {**PODS, "flavors": {"free": {"cpu": "1", "memory": "1Gi"}}}},
+    )  # fmt: skip
+    assert proc.returncode != 0 and "priceMicroUSDPerMinute" in proc.stderr, proc.stderr

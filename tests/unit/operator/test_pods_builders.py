@@ -3,6 +3,7 @@ status mapping, and the operator's own reads of the artifact store (untrusted fi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from datetime import UTC, datetime
@@ -202,10 +203,23 @@ def test_pod_is_hardened() -> None:
 def test_pod_env_holds_the_job_spec_the_flavor_and_nothing_secret() -> None:
     entries = _container(pod_body(CONFIG, _request()))["env"]
     env = {e["name"]: e.get("value") for e in entries}
-    assert set(env) == {"POSTTRAIN_JOB_SPEC", "HOME", "MEMORY", "CPU_CORES"}
+    assert set(env) == {
+        "POSTTRAIN_JOB_SPEC",
+        "HOME",
+        "MEMORY",
+        "CPU_CORES",
+        "POSTTRAIN_EGRESS_PROBES",
+        "POSTTRAIN_EGRESS_BOUND_SECONDS",
+        "POSTTRAIN_EGRESS_REPORT",
+        "POSTTRAIN_NODE_IP",
+    }
     assert env["POSTTRAIN_JOB_SPEC"] == '{"version":1,"role":"agent","script":"print(1)"}'
     # The launcher's process and memory bounds come from the container's own limits.
-    refs = {e["name"]: e["valueFrom"]["resourceFieldRef"] for e in entries if "valueFrom" in e}
+    refs = {
+        e["name"]: e["valueFrom"]["resourceFieldRef"]
+        for e in entries
+        if "resourceFieldRef" in e.get("valueFrom", {})
+    }
     assert refs == {
         "MEMORY": {"containerName": "job", "resource": "limits.memory", "divisor": "1"},
         "CPU_CORES": {"containerName": "job", "resource": "limits.cpu", "divisor": "1"},
@@ -220,6 +234,39 @@ def test_pod_env_holds_the_job_spec_the_flavor_and_nothing_secret() -> None:
 def test_flavor_resources_are_requests_equal_to_limits(flavor: str, want: dict[str, str]) -> None:
     resources = _container(pod_body(CONFIG, _request(flavor=flavor)))["resources"]
     assert resources["requests"] == resources["limits"] == {**want, "ephemeral-storage": "10Gi"}
+
+
+def test_flavor_places_the_pod_where_the_platform_team_said() -> None:
+    gpu = Flavor(
+        "8",
+        "64Gi",
+        9000,
+        cpu_request="4",
+        memory_request="32Gi",
+        gpus=1,
+        node_selector={"pool": "a100"},
+        tolerations=({"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},),
+        runtime_class_name="gvisor",
+        priority_class_name="batch-low",
+        queue="team-a-gpu",
+    )
+    config = PodsConfig(
+        image="launcher:test", flavors={"gpu": gpu}, store_volume=CONFIG.store_volume, store_path="/unused"
+    )
+    pod = pod_body(config, _request(flavor="gpu"))
+    assert _container(pod)["resources"] == {
+        "requests": {"cpu": "4", "memory": "32Gi", "ephemeral-storage": "10Gi", "nvidia.com/gpu": "1"},
+        "limits": {"cpu": "8", "memory": "64Gi", "ephemeral-storage": "10Gi", "nvidia.com/gpu": "1"},
+    }
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"pool": "a100"}
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert (spec["runtimeClassName"], spec["priorityClassName"]) == ("gvisor", "batch-low")
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpu"
+    # A plain flavor sets none of them.
+    plain = pod_body(CONFIG, _request())
+    assert not {"nodeSelector", "tolerations", "runtimeClassName", "priorityClassName"} & set(plain["spec"])
+    assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
 
 
 def test_unknown_flavor_is_refused_before_anything_is_built() -> None:
@@ -431,3 +478,83 @@ def test_read_artifact_refuses_what_a_job_could_plant(
 ) -> None:
     with pytest.raises(want_error, match=re.escape(want_match)):
         read_artifact_file(str(store), "ns/ep/job", path, 10)
+
+
+def test_egress_check_env_lists_the_operator_probes_and_the_node() -> None:
+    probes = ({"name": "gateway", "host": "10.96.0.20", "port": 80},)
+    config = PodsConfig(
+        image="launcher:test",
+        flavors=CONFIG.flavors,
+        store_volume=CONFIG.store_volume,
+        store_path="/unused",
+        egress_probes=probes,
+        egress_bound_seconds=15,
+    )
+    entries = {e["name"]: e for e in _container(pod_body(config, _request()))["env"]}
+    assert json.loads(entries["POSTTRAIN_EGRESS_PROBES"]["value"]) == list(probes)
+    assert entries["POSTTRAIN_EGRESS_BOUND_SECONDS"]["value"] == "15"
+    assert entries["POSTTRAIN_EGRESS_REPORT"]["value"] == "/dev/termination-log"
+    assert entries["POSTTRAIN_NODE_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    # Turned off, the launcher sees none of it and runs no check.
+    off = PodsConfig(
+        image="launcher:test",
+        flavors=CONFIG.flavors,
+        store_volume=CONFIG.store_volume,
+        store_path="/unused",
+        egress_probes=None,
+    )
+    names = {e["name"] for e in _container(pod_body(off, _request()))["env"]}
+    assert not {n for n in names if "EGRESS" in n or n == "POSTTRAIN_NODE_IP"}
+
+
+def test_the_launchers_egress_report_is_read_from_the_termination_message() -> None:
+    started, finished = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
+    verified = '{"egressVerified": true, "probes": 9, "rounds": 1, "seconds": 1.93, "open": []}'
+    ok = remote_status(
+        _pod(
+            "Succeeded",
+            {
+                "terminated": {
+                    "exitCode": 0,
+                    "startedAt": started,
+                    "finishedAt": finished,
+                    "message": verified,
+                }
+            },
+        )
+    )
+    assert (ok.stage, ok.egress_verified, ok.egress_message) == (
+        "succeeded",
+        True,
+        "9 probes closed in 1.93s",
+    )
+    reason = "egress open to canary (tcp 172.18.0.1:9); no job code ran"
+    report = json.dumps({"egressVerified": False, "reason": reason, "open": ["canary (tcp 172.18.0.1:9)"]})
+    failed = remote_status(
+        _pod(
+            "Failed",
+            {"terminated": {"exitCode": 4, "startedAt": started, "finishedAt": finished, "message": report}},
+        )
+    )
+    assert (failed.stage, failed.egress_verified, failed.exit_code) == ("failed", False, 4)
+    assert failed.message.startswith(reason), failed.message
+    # Exit 4 with no (or an overwritten) report is still a failed check; a job's own claim to have
+    # been verified does not override the launcher's exit code.
+    forged = remote_status(
+        _pod(
+            "Failed",
+            {
+                "terminated": {
+                    "exitCode": 4,
+                    "startedAt": started,
+                    "finishedAt": finished,
+                    "message": verified,
+                }
+            },
+        )
+    )
+    assert forged.egress_verified is False
+    plain = remote_status(
+        _pod("Failed", {"terminated": {"exitCode": 1, "startedAt": started, "finishedAt": finished}})
+    )
+    assert plain.egress_verified is None

@@ -379,3 +379,51 @@ async def test_the_watch_copy_only_hints_and_a_stale_one_submits_nothing(world: 
     world.api.reset_calls()
     await reconcile_agentjob(world.ctx, NS, "j1", observed=as_created)
     assert world.backend.stats.calls["submit"] == 1 and world.api.writes() == 0
+
+
+class ReleasingBackend(FakeBackend):
+    """A backend with per-episode resources that take a while to go (a namespace terminating)."""
+
+    name = "pods"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release_calls: list[tuple[str, str]] = []
+        self.gone_after = 2
+
+    async def release_episode(self, namespace: str, episode: str) -> bool:
+        self.release_calls.append((namespace, episode))
+        return len(self.release_calls) >= self.gone_after
+
+
+async def test_an_ended_episode_releases_its_backend_resources_until_confirmed_gone(world: World) -> None:
+    """Also what a restarted operator does: it reads the ended Episode and finishes the release."""
+    backend = ReleasingBackend()
+    world.ctx.backends["pods"] = backend
+    world.episode(backend="pods")
+    world.api.objects[("episodes", NS, "ep")]["status"] = {
+        "phase": "Completed",
+        "outcome": "Scored",
+        "reward": "1",
+    }
+    await reconcile_episode(world.ctx, NS, "ep")  # still terminating: nothing recorded
+    assert backend.release_calls == [(NS, "ep")]
+    assert "backendReleased" not in world.status("episodes", "ep")
+    await reconcile_episode(world.ctx, NS, "ep", world.api.obj("episodes", NS, "ep"))
+    assert world.status("episodes", "ep")["backendReleased"] is True
+    # Released: later passes are idle and call nothing.
+    await reconcile_episode(world.ctx, NS, "ep", world.api.obj("episodes", NS, "ep"))
+    assert len(backend.release_calls) == 2
+
+
+async def test_an_episode_with_unsettled_jobs_is_not_released(world: World) -> None:
+    backend = ReleasingBackend()
+    world.ctx.backends["pods"] = backend
+    world.episode(backend="pods")
+    world.api.objects[("episodes", NS, "ep")]["status"] = {
+        "phase": "Completed",
+        "ledger": {"entries": {"j1": {"reservedMicroUSD": 100}}},
+    }
+    world.job("j1")
+    await reconcile_episode(world.ctx, NS, "ep")
+    assert backend.release_calls == []

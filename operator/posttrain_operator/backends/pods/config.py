@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # Volume types that every namespace can name, with the strictest Pod Security level that admits them.
@@ -18,9 +18,21 @@ _PREFIX_OK = re.compile(r"^[a-z]([a-z0-9-]{0,14}[a-z0-9])?$")
 
 @dataclass(frozen=True)
 class Flavor:
+    """What a job of this flavor gets and costs, and where it runs. `cpu`/`memory` are the limits
+    (and the requests unless `cpu_request`/`memory_request` ask for less); `queue` is a Kueue
+    LocalQueue name, set as the pod's `kueue.x-k8s.io/queue-name` label."""
+
     cpu: str
     memory: str
     price_micro_usd_per_minute: int
+    cpu_request: str | None = None
+    memory_request: str | None = None
+    gpus: int = 0
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    runtime_class_name: str | None = None
+    priority_class_name: str | None = None
+    queue: str | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,11 @@ class PodsConfig:
     request_timeout_seconds: float = 30.0
     max_log_bytes: int = 1 << 20
     max_artifacts_listed: int = 10_000
+    # What every job's launcher must find closed before the job starts (egress.py in the launcher):
+    # {"name", "host" (an IP: the pod cannot resolve names), "port", "kind": "tcp"|"dns"}, besides
+    # what the pod finds itself (API Service, cluster DNS, its node). None: no check.
+    egress_probes: tuple[Mapping[str, Any], ...] | None = ()
+    egress_bound_seconds: float = 20.0
 
     def __post_init__(self) -> None:
         if len(self.store_volume) != 1:

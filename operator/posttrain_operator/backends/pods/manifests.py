@@ -132,6 +132,9 @@ def pod_labels(config: PodsConfig, request: JobRequest) -> dict[str, str]:
 
 
 SECCOMP = {"type": "RuntimeDefault"}
+GPU_RESOURCE = "nvidia.com/gpu"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+TERMINATION_LOG = "/dev/termination-log"
 
 
 def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
@@ -145,14 +148,34 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
         volumes.append({"name": STORE_RO_VOLUME, **_read_only_source(config.store_volume)})
     if STORE_RW_VOLUME in used:
         volumes.append({"name": STORE_RW_VOLUME, **dict(config.store_volume)})
-    resources = {"cpu": flavor.cpu, "memory": flavor.memory, "ephemeral-storage": config.scratch_size}
+    limits = {"cpu": flavor.cpu, "memory": flavor.memory, "ephemeral-storage": config.scratch_size}
+    requests = {
+        **limits,
+        "cpu": flavor.cpu_request or flavor.cpu,
+        "memory": flavor.memory_request or flavor.memory,
+    }
+    if flavor.gpus:
+        # Extended resources cannot be overcommitted: the request must equal the limit.
+        limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(flavor.gpus)
+    labels = pod_labels(config, request)
+    if flavor.queue:
+        labels[KUEUE_QUEUE_LABEL] = flavor.queue
+    placement: dict[str, Any] = {}
+    if flavor.node_selector:
+        placement["nodeSelector"] = dict(flavor.node_selector)
+    if flavor.tolerations:
+        placement["tolerations"] = [dict(t) for t in flavor.tolerations]
+    if flavor.runtime_class_name:
+        placement["runtimeClassName"] = flavor.runtime_class_name
+    if flavor.priority_class_name:
+        placement["priorityClassName"] = flavor.priority_class_name
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": pod_name(request.key),
             "namespace": episode_namespace(config.namespace_prefix, request.namespace, request.episode),
-            "labels": pod_labels(config, request),
+            "labels": labels,
             "annotations": {
                 KEY_ANNOTATION: request.key,
                 EPISODE_ANNOTATION: f"{request.namespace}/{request.episode}",
@@ -175,10 +198,25 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
                 "runAsGroup": JOB_UID,
                 "seccompProfile": dict(SECCOMP),
             },
-            "containers": [_container(config, request, resources, mounts)],
+            "containers": [_container(config, request, {"requests": requests, "limits": limits}, mounts)],
             "volumes": volumes,
+            **placement,
         },
     }
+
+
+def _egress_env(config: PodsConfig) -> list[dict[str, Any]]:
+    """The launcher's egress check: what to probe, for how long, where to report (the container's
+    termination message, which the kubelet copies into the pod's status)."""
+    if config.egress_probes is None:
+        return []
+    probes = [dict(p) for p in config.egress_probes]
+    return [
+        {"name": "POSTTRAIN_EGRESS_PROBES", "value": json.dumps(probes, separators=(",", ":"))},
+        {"name": "POSTTRAIN_EGRESS_BOUND_SECONDS", "value": f"{config.egress_bound_seconds:g}"},
+        {"name": "POSTTRAIN_EGRESS_REPORT", "value": TERMINATION_LOG},
+        {"name": "POSTTRAIN_NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+    ]
 
 
 def _resource_env(name: str, resource: str) -> dict[str, Any]:
@@ -189,7 +227,10 @@ def _resource_env(name: str, resource: str) -> dict[str, Any]:
 
 
 def _container(
-    config: PodsConfig, request: JobRequest, resources: dict[str, str], mounts: list[dict[str, Any]]
+    config: PodsConfig,
+    request: JobRequest,
+    resources: dict[str, dict[str, str]],
+    mounts: list[dict[str, Any]],
 ) -> dict[str, Any]:
     return {
         "name": CONTAINER,
@@ -203,8 +244,9 @@ def _container(
             # The flavor, as HF Jobs states it; the launcher derives its rlimits from it.
             _resource_env("MEMORY", "limits.memory"),
             _resource_env("CPU_CORES", "limits.cpu"),
+            *_egress_env(config),
         ],
-        "resources": {"requests": resources, "limits": dict(resources)},
+        "resources": resources,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": JOB_UID,

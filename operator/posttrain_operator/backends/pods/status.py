@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from posttrain_operator.api.rules import parse_time
 from posttrain_operator.backends.base import RemoteStatus
 from posttrain_operator.backends.pods.names import CONTAINER
+
+EXIT_EGRESS_OPEN = 4  # the launcher's code: egress open, no job code ran
+# The launcher's own exit code for a job it stopped (launcher.py); its log says so for certain.
+LAUNCHER_EXITS = {3: "exit code 3: the launcher stops a job whose outputs pass max_output_bytes"}
+
+
+def egress_report(terminated: Mapping[str, Any]) -> tuple[bool | None, str]:
+    """The launcher's egress report, from the container's termination message. The job runs with the
+    launcher's uid and could rewrite it, but only after the check passed: a forged report can only
+    understate what was verified, and an open network never starts the job."""
+    try:
+        report = json.loads(terminated.get("message") or "")
+    except ValueError:
+        report = None
+    code = terminated.get("exitCode")
+    if not isinstance(report, dict) or not isinstance(report.get("egressVerified"), bool):
+        return (False, "egress check failed; no job code ran") if code == EXIT_EGRESS_OPEN else (None, "")
+    verified = bool(report["egressVerified"]) and code != EXIT_EGRESS_OPEN
+    if verified:
+        return True, f"{report.get('probes')} probes closed in {report.get('seconds')}s"
+    return False, str(report.get("reason") or "egress check failed; no job code ran")[:1024]
 
 
 def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
@@ -41,14 +63,19 @@ def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
             finished = max((t for t in times if t is not None), default=None)
         code = (terminated or {}).get("exitCode")
         exit_code = code if isinstance(code, int) else None
+        egress, egress_message = egress_report(terminated or {})
         if phase == "Succeeded":
-            return RemoteStatus("succeeded", "", started, finished, "Succeeded", exit_code)
-        parts = []
+            return RemoteStatus(
+                "succeeded", "", started, finished, "Succeeded", exit_code, egress, egress_message
+            )
+        parts = [egress_message] if egress is False else []
         if status.get("reason"):
             parts.append(f"{status['reason']}: {status.get('message') or ''}".rstrip(": "))
         if terminated:
             why = terminated.get("reason") or "Error"
             parts.append(f"container exited with code {terminated.get('exitCode')} ({why})")
+            if terminated.get("exitCode") in LAUNCHER_EXITS:
+                parts.append(LAUNCHER_EXITS[terminated["exitCode"]])
         raw = status.get("reason") or (terminated or {}).get("reason") or ""
         return RemoteStatus(
             "failed",
@@ -57,6 +84,8 @@ def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
             finished,
             f"Failed/{raw}" if raw else "Failed",
             exit_code,
+            egress,
+            egress_message,
         )
     # "Unknown": the node stopped reporting. The pod may still be running (and billing).
     return RemoteStatus("running", "the pod's node is not reporting", started, None, phase)

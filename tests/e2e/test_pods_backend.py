@@ -1,0 +1,347 @@
+"""The pods backend on the kind cluster: episodes whose training, `dev_evaluate` and score jobs run as
+hardened pods of the launcher image in the episode's own namespace, with the hostPath artifact store
+the chart configures, spend settled from the pods' run time at the flavor's price."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import pytest
+from posttrain_operator.api.rules import parse_time
+from posttrain_operator.ledger import billed_seconds, cost_for
+
+from tests.e2e.conftest import (
+    GATEWAY_SERVICE,
+    HOLD_LABEL,
+    POD_FLAVORS,
+    REPO,
+    Canary,
+    Release,
+    port_forward,
+    run_probe_pod,
+    say,
+)
+from tests.e2e.test_chart_in_cluster import _connect_script
+from tests.helpers import wait_for
+
+sys.path.insert(0, str(REPO / "examples"))
+import scripted_sft_agent
+
+pytestmark = pytest.mark.timeout(2400)
+
+PRICE = int(POD_FLAVORS["cpu-basic"]["priceMicroUSDPerMinute"])
+
+
+@pytest.fixture
+def pods_release(release: Release) -> Release:
+    if not release.cluster.is_kind:
+        pytest.skip("the pods backend is enabled on the kind cluster only (its store is a hostPath)")
+    return release
+
+
+def _play(request: pytest.FixtureRequest, release: Release, task: str) -> scripted_sft_agent.EpisodeResult:
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        result = asyncio.run(
+            scripted_sft_agent.run_episode(
+                gateway, release.orchestrator_token, task, say=lambda _: None, backend="pods"
+            )
+        )
+    say(
+        request.config,
+        f"\n[pods] {result.task:22} {result.outcome:8} reward {result.reward or 'null':>6} "
+        f"dev {result.dev_score or '-':>5} spend ${result.spend_usd} wall {result.wall_seconds}s",
+    )
+    return result
+
+
+def _assert_settled_from_pod_run_time(release: Release, episode: str) -> dict[str, Any]:
+    """Every job ran as a pod of the episode's namespace; the Episode paid, for each agent job, its
+    container's run time (started to finished, per started minute) at the flavor's price."""
+    status: dict[str, Any] = release.json("get", "episode", episode)["status"]
+    ledger = status["ledger"]
+    assert ledger["reservedMicroUSD"] == 0, ledger
+    jobs = [j for j in release.json("get", "agentjobs")["items"] if j["spec"]["episode"] == episode]
+    assert {j["spec"]["purpose"] for j in jobs} == {"train", "devEval", "score"}, jobs
+    expected = 0
+    for job in jobs:
+        st = job["status"]
+        assert st["phase"] == "Succeeded", st
+        assert st["backend"] == "pods" and "/" in st["backendJobId"], st
+        seconds = billed_seconds(parse_time(st["startedAt"]), parse_time(st["finishedAt"]))
+        assert st["billedSeconds"] == seconds > 0, st
+        if job["spec"]["purpose"] != "score":
+            expected += cost_for(PRICE, seconds)
+    assert ledger["settledMicroUSD"] == expected, (ledger, [j["status"] for j in jobs])
+    return status
+
+
+def test_t0_artifact_on_pods(request: pytest.FixtureRequest, pods_release: Release) -> None:
+    result = _play(request, pods_release, "t0_artifact")
+    assert (result.outcome, result.reward) == ("Scored", "1"), result
+    status = _assert_settled_from_pod_run_time(pods_release, result.episode)
+    assert status["phase"] == "Completed" and status["reward"] == "1"
+    assert status["egress"] == {"verified": 3, "open": 0}, status
+    # Every job gone: the episode's namespace is deleted, and the Episode says so once it is.
+    jobs = [
+        j for j in pods_release.json("get", "agentjobs")["items"] if j["spec"]["episode"] == result.episode
+    ]
+    namespace = jobs[0]["status"]["backendJobId"].split("/")[0]
+    wait_for(
+        lambda: pods_release.json("get", "episode", result.episode)["status"].get("backendReleased"),
+        timeout=300,
+        interval=1,
+        what="the episode's backend resources released",
+    )
+    assert not pods_release.cluster.kubectl("get", "namespace", namespace, "--ignore-not-found").strip()
+
+
+# --- egress: verified from inside the pod, failing closed ---------------------------------------
+
+HOSTILE = r"""
+import json, os, socket
+targets = json.loads(@@TARGETS@@)
+found = {}
+def attempt(name, fn):
+    try:
+        found[name] = "open: " + repr(fn())
+    except Exception as exc:
+        found[name] = "refused: " + type(exc).__name__
+for family, kind, label in ((socket.AF_INET, socket.SOCK_STREAM, "inet-stream"),
+                            (socket.AF_INET, socket.SOCK_DGRAM, "inet-dgram"),
+                            (socket.AF_INET6, socket.SOCK_STREAM, "inet6-stream"),
+                            (socket.AF_INET, socket.SOCK_RAW, "inet-raw"),
+                            (socket.AF_PACKET, socket.SOCK_RAW, "packet-raw"),
+                            (socket.AF_NETLINK, socket.SOCK_RAW, "netlink")):
+    attempt("socket " + label, lambda: socket.socket(family, kind).fileno())
+for name in ("kubernetes.default.svc.cluster.local", "kubernetes", "example.com"):
+    attempt("lookup " + name, lambda: socket.getaddrinfo(name, 443))
+for name, host, port in targets:
+    attempt(f"connect {name} {host}:{port}", lambda: socket.create_connection((host, port), 3).close())
+with open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "result.json"), "w") as fh:
+    json.dump(found, fh)
+"""
+
+
+def _cluster_targets(release: Release, canary: Canary) -> list[tuple[str, str, int]]:
+    """Every address a job must not reach, as this cluster has them."""
+    api = release.cluster.json(
+        "-n", "default", "get", "endpointslices", "-l", "kubernetes.io/service-name=kubernetes"
+    )
+    endpoint = api["items"][0]
+    api_ip, api_port = endpoint["endpoints"][0]["addresses"][0], endpoint["ports"][0]["port"]
+    service_ip = release.cluster.json("-n", "default", "get", "service", "kubernetes")["spec"]["clusterIP"]
+    dns_ip = release.cluster.json("-n", "kube-system", "get", "service", "kube-dns")["spec"]["clusterIP"]
+    gateway = release.json("get", "service", GATEWAY_SERVICE)["spec"]["clusterIP"]
+    operator = release.ready_pod("operator")
+    node_ip = operator["status"]["hostIP"]
+    return [
+        ("kubernetes-api-service", service_ip, 443),
+        ("kubernetes-api-endpoint", api_ip, int(api_port)),
+        ("cluster-dns", dns_ip, 53),
+        ("gateway", gateway, 80),
+        ("operator-broker", operator["status"]["podIP"], 8081),
+        ("node-kubelet", node_ip, 10250),
+        ("canary", canary.host, canary.port),
+    ]
+
+
+async def _submit(gateway: str, release: Release, script: str, flavor: str) -> tuple[str, str, Any]:
+    observation = await scripted_sft_agent._reset(
+        gateway, release.orchestrator_token, "t0_artifact", "pods", flavors=["cpu-basic", "held"]
+    )
+    token, episode = observation["metadata"]["agent_token"], observation["episode"]
+    async with scripted_sft_agent.agent_client(gateway, token) as session:
+        submitted = await scripted_sft_agent._call(
+            session, "jobs_submit", script=script, timeout_seconds=300, flavor=flavor
+        )
+    return episode, submitted["job"]["name"], token
+
+
+def _job_pod(release: Release, job: str) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        job_id = release.json("get", "agentjob", job)["status"].get("backendJobId")
+        if not job_id:
+            return None
+        namespace, name = job_id.split("/")
+        pod: dict[str, Any] = release.cluster.json("-n", namespace, "get", "pod", name)
+        return pod
+
+    pod: dict[str, Any] = wait_for(found, timeout=300, interval=1, what=f"the pod of {job}")
+    return pod
+
+
+def _finished(release: Release, job: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        status: dict[str, Any] = release.json("get", "agentjob", job)["status"]
+        return status if status.get("phase") in ("Succeeded", "Failed", "Cancelled") else None
+
+    status: dict[str, Any] = wait_for(done, timeout=600, interval=1, what=f"{job} to finish")
+    return status
+
+
+def test_a_hostile_job_is_refused_everywhere(
+    request: pytest.FixtureRequest, pods_release: Release, canary: Canary
+) -> None:
+    release = pods_release
+    targets = _cluster_targets(release, canary)
+    # Control: from a pod without the episode's policy, the canary and the API answer.
+    phase, logs = run_probe_pod(release, _connect_script(canary.host, canary.port))
+    assert phase == "Succeeded" and logs.strip() == "connected", logs
+    accepted_before = canary.accepted
+    script = HOSTILE.replace("@@TARGETS@@", repr(json.dumps(targets)))
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        episode, job, _ = asyncio.run(_submit(gateway, release, script, "cpu-basic"))
+    status = _finished(release, job)
+    assert status["phase"] == "Succeeded", status
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["EgressVerified"]["status"] == "True", conditions
+    assert conditions["EgressVerified"]["reason"] == "ProbesClosed"
+    result_file = release.cluster.store_dir / "outputs" / release.namespace / episode / job / "result.json"  # type: ignore[operator]
+    found = json.loads(result_file.read_text())
+    say(
+        request.config, "\n[pods] hostile job:\n" + "\n".join(f"  {k}: {v}" for k, v in sorted(found.items()))
+    )
+    assert len(found) == 6 + 3 + len(targets)
+    opened = {k: v for k, v in found.items() if not v.startswith("refused")}
+    assert not opened, opened
+    # The hostile job's own connects to the canary never arrived (the launcher's first probe round
+    # may have, before the policy was programmed: that is what its rounds are for).
+    assert canary.accepted <= accepted_before + 1
+    counts = release.json("get", "episode", episode)["status"]["egress"]
+    assert counts == {"verified": 1, "open": 0}, counts
+
+
+def test_a_missing_policy_fails_the_job_closed_before_any_job_code(pods_release: Release) -> None:
+    """The test removes the namespace's policy while the job's pod waits for a node: the launcher
+    finds the network open, and the job fails with the documented reason, its code never run."""
+    release = pods_release
+    script = "import os\nopen(os.environ['POSTTRAIN_OUTPUT_DIR'] + '/ran', 'w').write('yes')\n"
+    node = release.cluster.json("get", "nodes")["items"][0]["metadata"]["name"]
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        episode, job, _ = asyncio.run(_submit(gateway, release, script, "held"))
+    pod = _job_pod(release, job)
+    namespace = pod["metadata"]["namespace"]
+    try:
+        _assert_hardened(pod)
+        release.cluster.kubectl("-n", namespace, "delete", "networkpolicy", "--all")
+        release.cluster.kubectl("label", "node", node, f"{HOLD_LABEL}=released", "--overwrite")
+        status = _finished(release, job)
+    finally:
+        release.cluster.kubectl("label", "node", node, f"{HOLD_LABEL}-", check=False)
+    assert status["phase"] == "Failed", status
+    assert status.get("exitCode") == 4, status
+    assert "egress open to " in status["message"] and "no job code ran" in status["message"], status
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["EgressVerified"]["status"], conditions["EgressVerified"]["reason"]) == (
+        "False",
+        "EgressOpen",
+    )
+    outputs = release.cluster.store_dir / "outputs" / release.namespace / episode / job  # type: ignore[operator]
+    assert not (outputs / "ran").exists()
+    episode_status = release.json("get", "episode", episode)["status"]
+    assert episode_status["egress"] == {"verified": 0, "open": 1}, episode_status
+
+
+def _assert_hardened(pod: dict[str, Any]) -> None:
+    """The pod as the API server admitted it (read back, not as the operator built it)."""
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["activeDeadlineSeconds"] == 300
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 10000
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not (spec.get("hostNetwork") or spec.get("hostPID") or spec.get("hostIPC"))
+    (container,) = spec["containers"]
+    security = container["securityContext"]
+    assert security["runAsUser"] == 10000 and security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False and security["privileged"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    # No service-account token was mounted by the admission plugin.
+    assert not [m for m in container["volumeMounts"] if "serviceaccount" in m["mountPath"]]
+
+
+# --- bounds: output cap, deadline, memory ---------------------------------------------------------
+
+BOUNDED = {
+    # 3 GiB of apparent size (sparse) in the job's own output dir: past the agent cap of 2 GiB, in
+    # files of 1 GiB (RLIMIT_FSIZE refuses any single file past the cap).
+    "output-cap": (
+        "import os, time\n"
+        "for i in range(3):\n"
+        "    with open(os.environ['POSTTRAIN_OUTPUT_DIR'] + f'/big{i}', 'wb') as f:\n"
+        "        f.truncate(1 << 30)\n"
+        "time.sleep(600)\n",
+        600,
+    ),
+    "deadline": ("import time\ntime.sleep(600)\n", 60),
+    "memory": ("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))\n", 600),
+}
+
+
+def test_output_cap_deadline_and_memory_stop_the_job_charged_only_what_it_used(
+    request: pytest.FixtureRequest, pods_release: Release
+) -> None:
+    release = pods_release
+
+    async def submit_all(gateway: str) -> tuple[str, dict[str, str]]:
+        observation = await scripted_sft_agent._reset(
+            gateway, release.orchestrator_token, "t0_artifact", "pods", max_concurrent_jobs=3
+        )
+        token, episode = observation["metadata"]["agent_token"], observation["episode"]
+        names = {}
+        async with scripted_sft_agent.agent_client(gateway, token) as session:
+            for label, (script, timeout) in BOUNDED.items():
+                submitted = await scripted_sft_agent._call(
+                    session, "jobs_submit", script=script, timeout_seconds=timeout
+                )
+                names[label] = submitted["job"]["name"]
+        return episode, names
+
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        episode, names = asyncio.run(submit_all(gateway))
+    statuses = {label: _finished(release, name) for label, name in names.items()}
+    lines = [
+        f"  {label:10} {s['phase']:8} {s.get('billedSeconds')}s  {s.get('message', '')[:110]}"
+        for label, s in statuses.items()
+    ]
+    say(request.config, "\n[pods] bounded jobs:\n" + "\n".join(lines))
+    for label, status in statuses.items():
+        assert status["phase"] == "Failed", (label, status)
+        # Charged for what ran (started to finished), not for the timeout it reserved.
+        seconds = billed_seconds(parse_time(status["startedAt"]), parse_time(status["finishedAt"]))
+        assert status["billedSeconds"] == seconds and status["settledMicroUSD"] == cost_for(PRICE, seconds)
+    assert statuses["output-cap"]["exitCode"] == 3, statuses["output-cap"]
+    assert "max_output_bytes" in statuses["output-cap"]["message"]
+    assert statuses["output-cap"]["billedSeconds"] < 120
+    assert "DeadlineExceeded" in statuses["deadline"]["message"], statuses["deadline"]
+    assert 55 <= statuses["deadline"]["billedSeconds"] < 120
+    memory = statuses["memory"]
+    assert "OOMKilled" in memory["message"] or "MemoryError" in "\n".join(_logs(release, names["memory"])), (
+        memory
+    )
+    assert memory["billedSeconds"] < 120
+    ledger = release.json("get", "episode", episode)["status"]["ledger"]
+    assert ledger["settledMicroUSD"] == sum(s["settledMicroUSD"] for s in statuses.values())
+    # Nothing outside the job's own output prefix changed: the big file is in its own dir only.
+    outputs = release.cluster.store_dir / "outputs" / release.namespace / episode  # type: ignore[operator]
+    assert sorted(p.relative_to(outputs).as_posix() for p in outputs.rglob("*") if p.is_file()) == [
+        f"{names['output-cap']}/big{i}" for i in range(3)
+    ]
+
+
+def _logs(release: Release, job: str) -> list[str]:
+    job_id = release.json("get", "agentjob", job)["status"]["backendJobId"]
+    namespace, name = job_id.split("/")
+    return release.cluster.kubectl("-n", namespace, "logs", name, check=False).splitlines()
+
+
+# Last: the longest (a CPU fine-tune of the tiny model).
+def test_t0_arithmetic_format_on_pods(request: pytest.FixtureRequest, pods_release: Release) -> None:
+    result = _play(request, pods_release, "t0_arithmetic_format")
+    assert result.outcome == "Scored" and result.reward is not None, result
+    assert float(result.reward) >= 0.9, result
+    _assert_settled_from_pod_run_time(pods_release, result.episode)
