@@ -24,7 +24,8 @@ from posttrain_operator.k8s import Conflict
 from posttrain_operator.leader import Leadership
 from posttrain_operator.reconcile.admission import reconcile_agentjob
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
-from posttrain_operator.reconcile.episode import finalize_episode, reconcile_episode
+from posttrain_operator.reconcile.ending import finalize_episode
+from posttrain_operator.reconcile.episode import reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
 from posttrain_operator.runtime import build_context, check_backends, serve_metrics

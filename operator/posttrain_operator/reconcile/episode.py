@@ -1,12 +1,12 @@
-"""Episode lifecycle: start (or wait while the namespace has orphans), enforce limits, score the
-submission, end, cancel everything, and retry unconfirmed cancellations with backoff."""
+"""Episode lifecycle: start (or wait while the namespace has orphans), enforce limits, hand a
+submission to scoring, end, and retry unconfirmed cancellations with backoff. How an episode ends is
+`ending`; how a submission is scored is `scoring`."""
 
 from __future__ import annotations
 
 import base64
 import logging
 import secrets
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,11 +14,8 @@ from graders.tasks import Task, UnknownTaskError, get_task
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import (
     API_VERSION,
-    TERMINAL_JOB_PHASES,
-    AgentJobStatus,
     EpisodeSpec,
     EpisodeStatus,
-    Outcome,
     status_of,
 )
 from posttrain_operator.api.money import usd_to_micro
@@ -37,19 +34,19 @@ from posttrain_operator.backends.base import BackendError, SupportsEpisodeCleanu
 from posttrain_operator.ledger import with_totals
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import BackendNotEnabled, Context
+from posttrain_operator.reconcile.ending import (
+    End,
+    end_episode,
+    fail_episode,
+    release_backend_resources,
+    set_status,
+)
 from posttrain_operator.reconcile.orphans import collect_orphans
+from posttrain_operator.reconcile.scoring import check_scoring, start_scoring
 
 log = logging.getLogger(__name__)
 
 TOKEN_SECRET_KEY = "token"
-
-
-@dataclass(frozen=True)
-class End:
-    outcome: Outcome
-    reward: str | None
-    message: str
-    phase: str = "Completed"
 
 
 # --- pure decisions ----------------------------------------------------------------------------
@@ -73,40 +70,7 @@ def limit_reached(
     return None
 
 
-def scoring_outcome(score_job: dict[str, Any] | None) -> End | None:
-    """The episode's end once its score job is terminal (None while it is still running)."""
-    if score_job is None:
-        return None
-    status = status_of(AgentJobStatus, score_job.get("status"))
-    if status.phase not in TERMINAL_JOB_PHASES:
-        return None
-    result = status.result
-    if (
-        status.phase == "Succeeded"
-        and result is not None
-        and result.status == "ok"
-        and result.score is not None
-    ):
-        return End("Scored", result.score, f"hidden-split score {result.score} (n={result.n})")
-    if status.phase == "Succeeded" and result is not None and result.status == "invalid_checkpoint":
-        # The policy's own fault: a real zero, not a platform failure.
-        return End("Scored", "0", f"invalid checkpoint: {result.reason}")
-    detail = (result.reason if result else None) or status.message or status.phase
-    return End("GraderFailed", None, f"grading failed on the platform side: {detail}")
-
-
 # --- actions -----------------------------------------------------------------------------------
-
-
-async def _set(ctx: Context, body: dict[str, Any], **update: Any) -> None:
-    """Set status fields of the Episode this pass read as `body` (one compare-and-swap)."""
-    meta = body["metadata"]
-
-    def mutate(_: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, None]:
-        new = current.model_copy(update=update)
-        return (None if new == current else new), None
-
-    await ctx.kube.update_episode_status(meta["namespace"], meta["name"], mutate, seen=body)
 
 
 async def reconcile_episode(
@@ -139,13 +103,13 @@ async def reconcile_episode(
             await _start(ctx, body, spec, status, task)
         elif status.phase == "Running":
             if spec.submission is not None:
-                await _start_scoring(ctx, body, spec, status, task)
+                await start_scoring(ctx, body, spec, status, task)
             else:
                 end = await _limit(ctx, spec, status, task)
                 if end is not None:
                     await end_episode(ctx, body, end)
         elif status.phase == "Scoring":
-            await _check_scoring(ctx, body, spec, status, task)
+            await check_scoring(ctx, body, spec, status, task)
         elif status.phase in ENDED_PHASES and _has_unsettled_jobs(status):
             await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode ended")
         elif (
@@ -154,7 +118,7 @@ async def reconcile_episode(
             and await release_backend_resources(ctx, body)
         ):
             # Every job is settled (confirmed gone); a restarted operator lands here too.
-            await _set(ctx, body, backend_released=True)
+            await set_status(ctx, body, backend_released=True)
         if status.orphaned_jobs:
             await collect_orphans(ctx, namespace, name)
 
@@ -236,7 +200,7 @@ async def _start(
             body, status.conditions, cond.BLOCKED, True, cond.ORPHANED_JOBS, message
         )
         if status.phase != "Pending" or changed:
-            await _set(ctx, body, phase="Pending", conditions=conditions)
+            await set_status(ctx, body, phase="Pending", conditions=conditions)
             ctx.emit(body, "Warning", cond.ORPHANED_JOBS, message)
         return
     token_hash_, secret_name = await _agent_token(ctx, body, spec)
@@ -257,7 +221,7 @@ async def _start(
             body, conditions, cond.BACKEND_READY, health.ok, health.reason or "CredentialsAccepted",
             f"{spec.backend}: {health.message}",
         )  # fmt: skip
-    await _set(
+    await set_status(
         ctx,
         body,
         phase="Running",
@@ -303,149 +267,3 @@ async def _agent_token(ctx: Context, body: dict[str, Any], spec: EpisodeSpec) ->
         existing = await ctx.kube.read_secret_data(meta["namespace"], secret_name)
         token = base64.b64decode(existing[TOKEN_SECRET_KEY]).decode()
     return token_hash(token), secret_name
-
-
-async def fail_episode(
-    ctx: Context, body: dict[str, Any], status: EpisodeStatus, reason: str, message: str
-) -> None:
-    """An Episode that cannot run at all (unknown task, backend not enabled) ends Failed at once."""
-    conditions, _ = ctx.set_condition(body, status.conditions, cond.READY, False, reason, message)
-    conditions, _ = ctx.set_condition(body, conditions, cond.ENDED, True, reason, message)
-    await _set(
-        ctx, body, phase="Failed", message=message, ended_at=format_time(ctx.clock()), conditions=conditions
-    )
-    ctx.emit(body, "Warning", reason, message)
-
-
-async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
-    status = status_of(EpisodeStatus, body.get("status"))
-    conditions, _ = ctx.set_condition(body, status.conditions, cond.READY, False, end.outcome, end.message)
-    conditions, _ = ctx.set_condition(body, conditions, cond.ENDED, True, end.outcome, end.message)
-    await _set(
-        ctx,
-        body,
-        phase=end.phase,
-        outcome=end.outcome,
-        reward=end.reward,
-        message=end.message,
-        ended_at=format_time(ctx.clock()),
-        conditions=conditions,
-    )
-    ctx.emit(body, "Normal" if end.outcome == "Scored" else "Warning", end.outcome, end.message)
-    if await cancel_all(ctx, body, cond.EPISODE_ENDED, f"episode ended: {end.message}"):
-        await release_backend_resources(ctx, body)
-
-
-async def release_backend_resources(ctx: Context, body: dict[str, Any]) -> bool:
-    """Per-episode backend resources go once every job is confirmed gone; True once they are gone.
-    A failure is logged; the ended Episode's next pass (or its deletion) tries again."""
-    backend = ctx.backends.get(body["spec"]["backend"])
-    if not isinstance(backend, SupportsEpisodeCleanup):
-        return True
-    meta = body["metadata"]
-    try:
-        return await backend.release_episode(meta["namespace"], meta["name"])
-    except Exception as exc:
-        log.warning("releasing %s/%s on its backend failed: %s", meta["namespace"], meta["name"], exc)
-        return False
-
-
-async def _start_scoring(
-    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
-) -> None:
-    assert spec.submission is not None
-    meta = body["metadata"]
-    source = await ctx.kube.get_agentjob(meta["namespace"], spec.submission.checkpoint_from)
-    source_status = status_of(AgentJobStatus, (source or {}).get("status"))
-    if (
-        source is None
-        or source["spec"].get("episode") != meta["name"]
-        or source["spec"].get("purpose") != "train"
-        or source_status.phase != "Succeeded"
-    ):
-        await end_episode(
-            ctx,
-            body,
-            End(
-                "Scored",
-                "0",
-                f"submission {spec.submission.checkpoint_from!r} is not a succeeded train job here",
-            ),
-        )
-        return
-    score_job = f"{meta['name']}-score"
-    await _set(
-        ctx,
-        body,
-        phase="Scoring",
-        scoring_job=score_job,
-        message="scoring the submission on the hidden split",
-    )
-    ctx.emit(
-        body, "Normal", "Scoring", f"submission {spec.submission.checkpoint_from}; grader job {score_job}"
-    )
-    # The agent is done: its other jobs would only bill.
-    await cancel_all(
-        ctx, body, cond.EPISODE_ENDED, "the episode's submission is being scored", keep=score_job
-    )
-    await _ensure_score_job(ctx, body, spec, task, score_job)
-
-
-async def _ensure_score_job(
-    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, task: Task, job_name: str
-) -> dict[str, Any]:
-    meta = body["metadata"]
-    assert spec.submission is not None
-    return await ctx.kube.create_agentjob(
-        meta["namespace"],
-        {
-            "apiVersion": API_VERSION,
-            "kind": "AgentJob",
-            "metadata": {
-                "name": job_name,
-                "labels": {EPISODE_LABEL: meta["name"]},
-                "ownerReferences": [
-                    {
-                        "apiVersion": API_VERSION,
-                        "kind": "Episode",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
-            "spec": {
-                "episode": meta["name"],
-                "purpose": "score",
-                "flavor": allowed_flavors(spec, task)[0],
-                "timeoutSeconds": spec.scoring.timeout_seconds or task.scoring_timeout_seconds,
-                "checkpointFrom": spec.submission.checkpoint_from,
-            },
-        },
-    )
-
-
-async def _check_scoring(
-    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
-) -> None:
-    meta = body["metadata"]
-    job_name = status.scoring_job or f"{meta['name']}-score"
-    job = await ctx.kube.get_agentjob(meta["namespace"], job_name)
-    if job is None:  # a crash between recording the phase and creating the job
-        await _ensure_score_job(ctx, body, spec, task, job_name)
-        return
-    end = scoring_outcome(job)
-    if end is not None:
-        await end_episode(ctx, body, end)
-
-
-async def finalize_episode(ctx: Context, namespace: str, name: str) -> bool:
-    """On deletion: cancel every job; True once all are confirmed (the finalizer may then go)."""
-    body = await ctx.kube.get_episode(namespace, name)
-    if body is None:
-        return True
-    if not await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode was deleted"):
-        return False
-    await release_backend_resources(ctx, body)
-    return True

@@ -11,8 +11,9 @@ from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, EpisodeSpec, EpisodeStatus, Ledger
 from posttrain_operator.jobspec import InvalidJob, build_request, validate_against_task
 from posttrain_operator.reconcile.admission import Rejection, decide_admission, reserve_in
-from posttrain_operator.reconcile.episode import limit_reached, scoring_outcome
+from posttrain_operator.reconcile.episode import limit_reached
 from posttrain_operator.reconcile.finishing import format_score
+from posttrain_operator.reconcile.scoring import scoring_outcome
 
 from graders.tasks import get_task
 

@@ -1,0 +1,133 @@
+"""Scoring a submission: the operator's own `score` job on the hidden split, started once the
+submitted checkpoint is a succeeded train job of this episode, and the episode's end from its result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graders.tasks import Task
+from posttrain_operator.api import conditions as cond
+from posttrain_operator.api.models import (
+    API_VERSION,
+    TERMINAL_JOB_PHASES,
+    AgentJobStatus,
+    EpisodeSpec,
+    EpisodeStatus,
+    status_of,
+)
+from posttrain_operator.api.rules import EPISODE_LABEL, allowed_flavors
+from posttrain_operator.reconcile.cancellation import cancel_all
+from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.ending import End, end_episode, set_status
+
+
+def scoring_outcome(score_job: dict[str, Any] | None) -> End | None:
+    """The episode's end once its score job is terminal (None while it is still running)."""
+    if score_job is None:
+        return None
+    status = status_of(AgentJobStatus, score_job.get("status"))
+    if status.phase not in TERMINAL_JOB_PHASES:
+        return None
+    result = status.result
+    if (
+        status.phase == "Succeeded"
+        and result is not None
+        and result.status == "ok"
+        and result.score is not None
+    ):
+        return End("Scored", result.score, f"hidden-split score {result.score} (n={result.n})")
+    if status.phase == "Succeeded" and result is not None and result.status == "invalid_checkpoint":
+        # The policy's own fault: a real zero, not a platform failure.
+        return End("Scored", "0", f"invalid checkpoint: {result.reason}")
+    detail = (result.reason if result else None) or status.message or status.phase
+    return End("GraderFailed", None, f"grading failed on the platform side: {detail}")
+
+
+async def start_scoring(
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
+) -> None:
+    assert spec.submission is not None
+    meta = body["metadata"]
+    source = await ctx.kube.get_agentjob(meta["namespace"], spec.submission.checkpoint_from)
+    source_status = status_of(AgentJobStatus, (source or {}).get("status"))
+    if (
+        source is None
+        or source["spec"].get("episode") != meta["name"]
+        or source["spec"].get("purpose") != "train"
+        or source_status.phase != "Succeeded"
+    ):
+        await end_episode(
+            ctx,
+            body,
+            End(
+                "Scored",
+                "0",
+                f"submission {spec.submission.checkpoint_from!r} is not a succeeded train job here",
+            ),
+        )
+        return
+    score_job = f"{meta['name']}-score"
+    await set_status(
+        ctx,
+        body,
+        phase="Scoring",
+        scoring_job=score_job,
+        message="scoring the submission on the hidden split",
+    )
+    ctx.emit(
+        body, "Normal", "Scoring", f"submission {spec.submission.checkpoint_from}; grader job {score_job}"
+    )
+    # The agent is done: its other jobs would only bill.
+    await cancel_all(
+        ctx, body, cond.EPISODE_ENDED, "the episode's submission is being scored", keep=score_job
+    )
+    await _ensure_score_job(ctx, body, spec, task, score_job)
+
+
+async def _ensure_score_job(
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, task: Task, job_name: str
+) -> dict[str, Any]:
+    meta = body["metadata"]
+    assert spec.submission is not None
+    return await ctx.kube.create_agentjob(
+        meta["namespace"],
+        {
+            "apiVersion": API_VERSION,
+            "kind": "AgentJob",
+            "metadata": {
+                "name": job_name,
+                "labels": {EPISODE_LABEL: meta["name"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": API_VERSION,
+                        "kind": "Episode",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "episode": meta["name"],
+                "purpose": "score",
+                "flavor": allowed_flavors(spec, task)[0],
+                "timeoutSeconds": spec.scoring.timeout_seconds or task.scoring_timeout_seconds,
+                "checkpointFrom": spec.submission.checkpoint_from,
+            },
+        },
+    )
+
+
+async def check_scoring(
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
+) -> None:
+    meta = body["metadata"]
+    job_name = status.scoring_job or f"{meta['name']}-score"
+    job = await ctx.kube.get_agentjob(meta["namespace"], job_name)
+    if job is None:  # a crash between recording the phase and creating the job
+        await _ensure_score_job(ctx, body, spec, task, job_name)
+        return
+    end = scoring_outcome(job)
+    if end is not None:
+        await end_episode(ctx, body, end)
