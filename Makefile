@@ -128,9 +128,9 @@ node-image: venv binaries docker-host ## The kind node image: kindest/node where
 
 # Cold builds happen here, with progress on the terminal, not inside the test session's fixtures.
 .PHONY: e2e-images
-e2e-images: venv binaries docker-host ## The kind node image and the operator image the e2e suite uses
+e2e-images: venv binaries docker-host ## The kind node image and the two project images the e2e suite loads
 	$(PY) -m devstack node-image
-	$(PY) -m devstack images operator
+	$(PY) -m devstack images
 
 .PHONY: e2e
 e2e: e2e-images ## kind cluster, images loaded, chart installed (--wait), helm test, tests/e2e, cluster deleted
