@@ -90,6 +90,11 @@ class OperatorSettings(BaseSettings):
     pod_ip: str | None = None  # this operator's pod IP (Downward API): its broker is probed
     pods_gateway_host: str | None = None  # the gateway's Service name: resolved, then probed
     pods_gateway_port: int = Field(default=80, ge=1, le=65535)
+    # The package index the operator stages jobs' `packages` from (job pods have no egress), the
+    # nodes' architecture, and how many bytes of wheels one job may have.
+    pods_package_index: str | None = None
+    pods_package_arch: str = "x86_64"
+    pods_max_package_bytes: int = Field(default=1 << 30, gt=0)
 
     # The internal broker API (logs, artifacts) that only the gateway's ServiceAccount may call.
     broker_host: str = "0.0.0.0"

@@ -81,6 +81,9 @@ def build_backends(settings: OperatorSettings, api_client: Any = None) -> dict[s
                 max_log_bytes=settings.max_artifact_bytes,
                 egress_probes=egress_probes(settings) if settings.pods_egress_check else None,
                 egress_bound_seconds=settings.pods_egress_bound_seconds,
+                package_index=settings.pods_package_index,
+                package_arch=settings.pods_package_arch,
+                max_package_bytes=settings.pods_max_package_bytes,
             ),
             api_client,
         )

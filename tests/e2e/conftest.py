@@ -43,6 +43,7 @@ from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets import materialize_assets
 from tests.helpers import wait_for
+from tests.package_index import PackageIndex, build_wheel, serve_index
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "posttrain-operator"
@@ -250,6 +251,20 @@ def canary(host_address: str) -> Iterator[Canary]:
         server.close()
 
 
+# The package the pods tests install: a wheel built here, served by an index on this machine.
+PROBE_PACKAGE, PROBE_VERSION = "ptprobe", "1.0"
+
+
+@pytest.fixture(scope="session")
+def package_index(host_address: str) -> Iterator[PackageIndex]:
+    """The operator's package index (`pods.packageIndex`), on the host side of the kind network."""
+    wheels = Path(tempfile.mkdtemp(prefix="e2e-wheels-"))
+    wheel = build_wheel(wheels, PROBE_PACKAGE, PROBE_VERSION, "VALUE = 'staged by the operator'\n")
+    with serve_index(host_address, {PROBE_PACKAGE: [wheel]}) as index:
+        yield index
+    shutil.rmtree(wheels, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def hf_emulator(host_address: str) -> Iterator[HfEmulator]:
     """The HF Jobs emulator on the host, reachable from the cluster, running jobs under the launcher."""
@@ -280,6 +295,7 @@ def e2e_values(
     pull_policy: str,
     launcher_image: str | None = None,
     canary: Canary | None = None,
+    package_index: str = "",
 ) -> dict[str, Any]:
     repository, tag = image.rsplit(":", 1)
     pods: dict[str, Any] = {"enabled": False}
@@ -292,6 +308,7 @@ def e2e_values(
             "egressCheck": {
                 "probes": [{"name": "canary", "host": canary.host, "port": canary.port}] if canary else []
             },
+            "packageIndex": package_index,
         }
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": pull_policy},
@@ -316,6 +333,7 @@ def release(
     launcher_image: str | None,
     hf_emulator: HfEmulator,
     canary: Canary,
+    package_index: PackageIndex,
 ) -> Iterator[Release]:
     """The chart installed with `helm install --wait`, and the Secrets it references; on kind with
     the pods backend enabled too, its store staged."""
@@ -334,7 +352,11 @@ def release(
     values = Path(tempfile.mkdtemp(prefix="e2e-values-")) / "values.yaml"
     pull_policy = "Never" if cluster.is_kind else "IfNotPresent"
     values.write_text(
-        yaml.safe_dump(e2e_values(operator_image, hf_emulator.url, pull_policy, launcher_image, canary))
+        yaml.safe_dump(
+            e2e_values(
+                operator_image, hf_emulator.url, pull_policy, launcher_image, canary, package_index.url
+            )
+        )
     )
     started = time.monotonic()
     proc = cluster.helm(

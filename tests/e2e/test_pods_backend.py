@@ -17,6 +17,8 @@ from tests.e2e.conftest import (
     GATEWAY_SERVICE,
     HOLD_LABEL,
     POD_FLAVORS,
+    PROBE_PACKAGE,
+    PROBE_VERSION,
     REPO,
     Canary,
     Release,
@@ -26,6 +28,7 @@ from tests.e2e.conftest import (
 )
 from tests.e2e.test_chart_in_cluster import _connect_script
 from tests.helpers import wait_for
+from tests.package_index import PackageIndex
 
 sys.path.insert(0, str(REPO / "examples"))
 import scripted_sft_agent
@@ -148,16 +151,22 @@ def _cluster_targets(release: Release, canary: Canary) -> list[tuple[str, str, i
     ]
 
 
-async def _submit(gateway: str, release: Release, script: str, flavor: str) -> tuple[str, str, Any]:
+async def _submit(
+    gateway: str, release: Release, script: str, flavor: str, *package_lists: list[str]
+) -> tuple[str, list[str], Any]:
+    """A new pods episode and one job of `script` per package list (one job when none is given)."""
     observation = await scripted_sft_agent._reset(
         gateway, release.orchestrator_token, "t0_artifact", "pods", flavors=["cpu-basic", "held"]
     )
     token, episode = observation["metadata"]["agent_token"], observation["episode"]
+    jobs = []
     async with scripted_sft_agent.agent_client(gateway, token) as session:
-        submitted = await scripted_sft_agent._call(
-            session, "jobs_submit", script=script, timeout_seconds=300, flavor=flavor
-        )
-    return episode, submitted["job"]["name"], token
+        for packages in package_lists or ([],):
+            submitted = await scripted_sft_agent._call(
+                session, "jobs_submit", script=script, timeout_seconds=300, flavor=flavor, packages=packages
+            )
+            jobs.append(submitted["job"]["name"])
+    return episode, jobs, token
 
 
 def _job_pod(release: Release, job: str) -> dict[str, Any]:
@@ -193,7 +202,7 @@ def test_a_hostile_job_is_refused_everywhere(
     accepted_before = canary.accepted
     script = HOSTILE.replace("@@TARGETS@@", repr(json.dumps(targets)))
     with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
-        episode, job, _ = asyncio.run(_submit(gateway, release, script, "cpu-basic"))
+        episode, (job,), _ = asyncio.run(_submit(gateway, release, script, "cpu-basic"))
     status = _finished(release, job)
     assert status["phase"] == "Succeeded", status
     conditions = {c["type"]: c for c in status["conditions"]}
@@ -221,7 +230,7 @@ def test_a_missing_policy_fails_the_job_closed_before_any_job_code(pods_release:
     script = "import os\nopen(os.environ['POSTTRAIN_OUTPUT_DIR'] + '/ran', 'w').write('yes')\n"
     node = release.cluster.json("get", "nodes")["items"][0]["metadata"]["name"]
     with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
-        episode, job, _ = asyncio.run(_submit(gateway, release, script, "held"))
+        episode, (job,), _ = asyncio.run(_submit(gateway, release, script, "held"))
     pod = _job_pod(release, job)
     namespace = pod["metadata"]["namespace"]
     try:
@@ -243,6 +252,42 @@ def test_a_missing_policy_fails_the_job_closed_before_any_job_code(pods_release:
     assert not (outputs / "ran").exists()
     episode_status = release.json("get", "episode", episode)["status"]
     assert episode_status["egress"] == {"verified": 0, "open": 1}, episode_status
+
+
+def test_packages_are_staged_by_the_operator_and_installed_with_no_egress(
+    request: pytest.FixtureRequest, pods_release: Release, package_index: PackageIndex
+) -> None:
+    """The pod has no egress: the operator fetched the wheel from its index onto the store, the
+    pod installed it from its read-only mount after the egress check passed; a package the index
+    does not have fails its job at submission, before any pod exists."""
+    release = pods_release
+    script = (
+        "import os, ptprobe\nopen(os.environ['POSTTRAIN_OUTPUT_DIR'] + '/value', 'w').write(ptprobe.VALUE)\n"
+    )
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        episode, (job, missing), _ = asyncio.run(
+            _submit(
+                gateway, release, script, "cpu-basic", [f"{PROBE_PACKAGE}=={PROBE_VERSION}"], ["nosuchpkg"]
+            )
+        )
+    status = _finished(release, job)
+    assert status["phase"] == "Succeeded", status
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["EgressVerified"]["status"] == "True", conditions
+    store = release.cluster.store_dir
+    assert store is not None
+    value = store / "outputs" / release.namespace / episode / job / "value"
+    assert value.read_text() == "staged by the operator"
+    wheel = f"{PROBE_PACKAGE}-{PROBE_VERSION}-py3-none-any.whl"
+    assert package_index.served[f"/files/{wheel}"] >= 1, package_index.served
+    namespace, pod = status["backendJobId"].split("/")
+    staged = store / "wheels" / namespace / pod / wheel
+    assert staged.is_file() and not staged.stat().st_mode & 0o222
+    failed = _finished(release, missing)
+    assert failed["phase"] == "Failed" and failed["reason"] == "SubmissionFailed", failed
+    assert "nosuchpkg" in failed["message"] and "HTTP 404" in failed["message"], failed
+    assert not failed.get("backendJobId"), failed
+    say(request.config, f"\n[pods] packages: {job} installed {wheel}; {missing}: {failed['message'][:100]}")
 
 
 def _assert_hardened(pod: dict[str, Any]) -> None:

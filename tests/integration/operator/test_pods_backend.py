@@ -9,6 +9,8 @@ container and the policy's effect on traffic need a real cluster (tests/e2e).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +28,7 @@ from posttrain_operator.backends.pods.names import (
     MANAGED_LABEL,
     NETWORK_POLICY,
     SOURCE_NAMESPACE_LABEL,
+    WHEELS_MOUNT,
     episode_namespace,
     label_value,
 )
@@ -42,6 +45,7 @@ from tests.integration.conftest import (
     get,
     wait_phase,
 )
+from tests.package_index import build_wheel, serve_index
 
 STORE_VOLUME = {"csi": {"driver": "store.posttrain.example", "volumeAttributes": {"share": "/posttrain"}}}
 
@@ -57,11 +61,16 @@ def _config(store: Path) -> PodsConfig:
 
 
 @pytest.fixture
-async def backend(cluster: devcluster.ClusterState, tmp_path: Path) -> AsyncIterator[PodsBackend]:
+async def api_client(cluster: devcluster.ClusterState) -> AsyncIterator[client.ApiClient]:
     configuration = client.Configuration()
     await config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=configuration)
     async with client.ApiClient(configuration=configuration) as api:
-        yield PodsBackend(_config(tmp_path / "store"), api)
+        yield api
+
+
+@pytest.fixture
+def backend(api_client: client.ApiClient, tmp_path: Path) -> PodsBackend:
+    return PodsBackend(_config(tmp_path / "store"), api_client)
 
 
 @pytest.fixture
@@ -135,6 +144,34 @@ async def test_submit_isolates_the_episode_namespace_before_creating_a_hardened_
 
     out = tmp_path / "store" / "outputs" / namespace / "ep1" / "aj-first"
     assert out.is_dir() and out.stat().st_uid == JOB_UID  # writable by the job, made before the pod
+
+
+async def test_packages_are_staged_before_the_pod_which_mounts_them_and_go_with_the_episode(
+    api_client: client.ApiClient, kubectl: Kubectl, namespace: str, episode_namespaces: None, tmp_path: Path
+) -> None:
+    wheel = build_wheel(tmp_path, "ptprobe", "1.0", "VALUE = 1\n")
+    with serve_index("127.0.0.1", {"ptprobe": [wheel]}) as index:
+        config = dataclasses.replace(_config(tmp_path / "store"), package_index=index.url)
+        staging = PodsBackend(config, api_client)
+        request = _request(namespace, "aj-pkgs")
+        request.launcher_spec["packages"] = ["ptprobe==1.0"]
+        handle = await staging.submit(request)
+    pod_ns, pod_name = handle.backend_job_id.split("/")
+    staged = tmp_path / "store" / "wheels" / pod_ns / pod_name / wheel.name
+    assert staged.read_bytes() == wheel.read_bytes()
+    # The stored pod: wheels mounted read-only from the store, pip told to use them and no index.
+    pod = kubectl_json(kubectl, "-n", pod_ns, "get", "pod", pod_name)
+    (container,) = pod["spec"]["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == WHEELS_MOUNT]
+    assert mount["readOnly"] is True and mount["subPath"] == f"wheels/{pod_ns}/{pod_name}"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["PIP_NO_INDEX"], env["PIP_FIND_LINKS"]) == ("1", WHEELS_MOUNT)
+    assert await staging.cancel(handle)
+    deadline = asyncio.get_running_loop().time() + 120
+    while not await staging.release_episode(namespace, "ep1"):
+        assert asyncio.get_running_loop().time() < deadline, "the episode's namespace was never deleted"
+        await asyncio.sleep(0.5)
+    assert not (tmp_path / "store" / "wheels" / pod_ns).exists()
 
 
 async def test_the_api_server_refuses_a_pod_that_lost_its_hardening(

@@ -27,6 +27,7 @@ from tests.unit.helm.chart import (
     one,
     pod_specs,
     render,
+    render_error,
     render_text,
     run_helm,
 )
@@ -363,3 +364,18 @@ def test_pods_flavors_reach_the_operator_settings_as_rendered() -> None:
         values={**HF_VALUES, "pods": {**PODS, "flavors": {"free": {"cpu": "1", "memory": "1Gi"}}}},
     )  # fmt: skip
     assert proc.returncode != 0 and "priceMicroUSDPerMinute" in proc.stderr, proc.stderr
+
+
+def test_the_package_index_reaches_the_operator_and_only_as_a_url() -> None:
+    index = "https://pypi-mirror.example/simple/"
+    docs = render({**HF_VALUES, "pods": {**PODS, "packageIndex": index, "packageArch": "aarch64"}})
+    env = container_env(main_container(docs, f"{FULL}-operator"))
+    settings = OperatorSettings.model_validate(
+        {"pods_package_index": env["POSTTRAIN_PODS_PACKAGE_INDEX"]["value"],
+         "pods_package_arch": env["POSTTRAIN_PODS_PACKAGE_ARCH"]["value"]}
+    )  # fmt: skip
+    assert (settings.pods_package_index, settings.pods_package_arch) == (index, "aarch64")
+    unset = container_env(main_container(render({**HF_VALUES, "pods": PODS}), f"{FULL}-operator"))
+    assert "POSTTRAIN_PODS_PACKAGE_INDEX" not in unset
+    for wrong in ({"packageIndex": "file:///etc"}, {"packageIndex": "pypi.org/simple"}, {"packageArch": "x86"}):
+        assert "pods" in render_error({**HF_VALUES, "pods": {**PODS, **wrong}})

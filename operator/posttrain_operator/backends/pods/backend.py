@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -44,10 +45,18 @@ from posttrain_operator.backends.pods.names import (
     NETWORK_POLICY,
     PREFIX_ANNOTATION,
     episode_namespace,
+    episode_wheels_subpath,
     label_value,
+    wheels_subpath,
 )
 from posttrain_operator.backends.pods.status import remote_status
-from posttrain_operator.backends.pods.store import list_artifacts, prepare_output_dir, read_artifact_file
+from posttrain_operator.backends.pods.store import (
+    list_artifacts,
+    prepare_output_dir,
+    read_artifact_file,
+    remove_store_tree,
+)
+from posttrain_operator.backends.pods.wheels import stage
 
 _TRANSIENT_STATUS = {0, 408, 429, 500, 502, 503, 504}
 
@@ -145,6 +154,13 @@ class PodsBackend:
 
     async def submit(self, request: JobRequest) -> Handle:
         body = pod_body(self.config, request)  # UnknownFlavor and unsafe paths fail before any call
+        packages = list(request.launcher_spec.get("packages") or [])
+        if packages and self.config.package_index is None:
+            raise BackendError(
+                "this job lists packages, but the pods backend has no package index to stage them from "
+                "(the chart's pods.packageIndex): job pods have no egress",
+                transient=False,
+            )
         namespace = body["metadata"]["namespace"]
         await self._ensure_namespace(namespace, request)
         await self._ensure_network_policy(namespace)
@@ -152,6 +168,8 @@ class PodsBackend:
         prefix = request.outputs.prefix if request.outputs else ""
         if request.outputs is not None and not request.outputs.read_only:
             await asyncio.to_thread(prepare_output_dir, self.config.store_path, prefix)
+        if packages:
+            await self._stage_packages(namespace, request.key, packages)
         name = body["metadata"]["name"]
         try:
             await self._call(
@@ -174,6 +192,25 @@ class PodsBackend:
                     f"pod {namespace}/{name} exists for another key ({found_key!r})", transient=False
                 ) from None
         return Handle(f"{namespace}/{name}", prefix)
+
+    async def _stage_packages(self, namespace: str, key: str, packages: list[str]) -> None:
+        """The job's wheels onto the store, where its pod mounts them (wheels.py)."""
+        assert self.config.package_index is not None
+        self.stats.count("stage_packages")
+        try:
+            await asyncio.to_thread(
+                stage,
+                self.config.package_index,
+                packages,
+                Path(self.config.store_path, wheels_subpath(namespace, key)),
+                arch=self.config.package_arch,
+                max_bytes=self.config.max_package_bytes,
+                timeout=self._timeout,
+            )
+        except BackendError as exc:
+            self.stats.ended("stage_packages", "transient" if exc.transient else "refused")
+            raise
+        self.stats.ended("stage_packages", "ok")
 
     async def _ensure_namespace(self, name: str, request: JobRequest) -> None:
         body = namespace_body(self.config, name, request.namespace, request.episode)
@@ -389,6 +426,7 @@ class PodsBackend:
         """Delete the episode's namespace (its pods, finished ones included, and its policy).
         True once the API server reports it gone. Call only after every job is confirmed cancelled."""
         name = episode_namespace(self.config.namespace_prefix, namespace, episode)
+        await asyncio.to_thread(remove_store_tree, self.config.store_path, episode_wheels_subpath(name))
         try:
             await self._call(
                 "delete_namespace",

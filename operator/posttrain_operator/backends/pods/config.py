@@ -54,6 +54,11 @@ class PodsConfig:
     # what the pod finds itself (API Service, cluster DNS, its node). None: no check.
     egress_probes: tuple[Mapping[str, Any], ...] | None = ()
     egress_bound_seconds: float = 20.0
+    # Where the operator fetches the wheels of a job's `packages` (a simple index, PEP 503/691); the
+    # pods have no egress, so without one a job with packages is refused. `package_arch`: the nodes'.
+    package_index: str | None = None
+    package_arch: str = "x86_64"
+    max_package_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         if len(self.store_volume) != 1:

@@ -24,11 +24,13 @@ from posttrain_operator.backends.pods.names import (
     SOURCE_NAMESPACE_LABEL,
     STORE_RO_VOLUME,
     STORE_RW_VOLUME,
+    WHEELS_MOUNT,
     episode_namespace,
     label_value,
     output_subpath,
     pod_name,
     repo_subpath,
+    wheels_subpath,
 )
 
 
@@ -121,6 +123,23 @@ def store_mounts(request: JobRequest) -> list[dict[str, Any]]:
     return mounts
 
 
+def wheels_mount(namespace: str, key: str) -> dict[str, Any]:
+    """The wheels the operator staged for the job's packages (wheels.py), read-only."""
+    return {
+        "name": STORE_RO_VOLUME,
+        "mountPath": WHEELS_MOUNT,
+        "subPath": wheels_subpath(namespace, key),
+        "readOnly": True,
+    }
+
+
+def _package_env(request: JobRequest) -> list[dict[str, Any]]:
+    """pip in the launcher installs the staged wheels and asks no index (the pod has no egress)."""
+    if not request.launcher_spec.get("packages"):
+        return []
+    return [{"name": "PIP_NO_INDEX", "value": "1"}, {"name": "PIP_FIND_LINKS", "value": WHEELS_MOUNT}]
+
+
 def pod_labels(config: PodsConfig, request: JobRequest) -> dict[str, str]:
     return {
         MANAGED_LABEL: label_value(config.instance),
@@ -141,7 +160,10 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     flavor = config.flavors.get(request.flavor)
     if flavor is None:
         raise UnknownFlavor(request.flavor, list(config.flavors))
+    namespace = episode_namespace(config.namespace_prefix, request.namespace, request.episode)
     mounts = store_mounts(request)
+    if request.launcher_spec.get("packages"):
+        mounts.append(wheels_mount(namespace, request.key))
     used = {m["name"] for m in mounts}
     volumes: list[dict[str, Any]] = [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": config.scratch_size}}]
     if STORE_RO_VOLUME in used:
@@ -174,7 +196,7 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {
             "name": pod_name(request.key),
-            "namespace": episode_namespace(config.namespace_prefix, request.namespace, request.episode),
+            "namespace": namespace,
             "labels": labels,
             "annotations": {
                 KEY_ANNOTATION: request.key,
@@ -245,6 +267,7 @@ def _container(
             _resource_env("MEMORY", "limits.memory"),
             _resource_env("CPU_CORES", "limits.cpu"),
             *_egress_env(config),
+            *_package_env(request),
         ],
         "resources": resources,
         "securityContext": {

@@ -21,7 +21,9 @@ NETWORK_POLICY = "posttrain-default-deny"
 CONTAINER = "job"
 JOB_UID = 10000
 SCRATCH_VOLUME, STORE_RO_VOLUME, STORE_RW_VOLUME = "scratch", "store-ro", "store-rw"
-REPOS_DIR, OUTPUTS_DIR = "repos", "outputs"
+REPOS_DIR, OUTPUTS_DIR, WHEELS_DIR = "repos", "outputs", "wheels"
+# Where a job pod finds the wheels the operator staged for it (read-only).
+WHEELS_MOUNT = "/opt/posttrain-wheels"
 _DNS_UNSAFE = re.compile(r"[^a-z0-9-]+")
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _LABEL_OK = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
@@ -70,3 +72,12 @@ def repo_subpath(kind: str, repo_id: str, revision: str) -> str:
 
 def output_subpath(prefix: str) -> str:
     return relpath(OUTPUTS_DIR, prefix)
+
+
+def episode_wheels_subpath(episode_namespace: str) -> str:
+    return relpath(WHEELS_DIR, episode_namespace)
+
+
+def wheels_subpath(episode_namespace: str, key: str) -> str:
+    """The staged wheels of one job, under its episode's directory (removed with the episode)."""
+    return relpath(WHEELS_DIR, episode_namespace, pod_name(key))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -31,6 +32,11 @@ def prepare_output_dir(store_path: str, prefix: str) -> None:
             "their output dirs on the artifact store",
             transient=False,
         )
+
+
+def remove_store_tree(store_path: str, subpath: str) -> None:
+    """Remove an operator-owned directory of the store (staged wheels); gone already is fine."""
+    shutil.rmtree(Path(store_path, subpath), ignore_errors=True)
 
 
 def list_artifacts(store_path: str, prefix: str, limit: int) -> list[ArtifactInfo]:

@@ -1,0 +1,202 @@
+"""The agent's packages on pods, staged by the operator: a job pod has no egress, so before the pod
+exists the operator picks each requirement's wheel from the package index it is configured with
+(PEP 691 JSON or PEP 503 HTML), checks the index's sha256, and writes it to the store. The pod
+mounts that directory read-only and pip installs from it with no index (`PIP_NO_INDEX`,
+`PIP_FIND_LINKS`), still wheels only and without dependencies, as the launcher's policy says.
+
+The selection is pure (`choose`); `stage` does the I/O and runs in a thread."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from posttrain_operator.backends.base import BackendError
+
+# The launcher image's interpreter: CPython 3.11 on Debian bookworm (glibc 2.36).
+PYTHON_VERSION = (3, 11)
+GLIBC = (2, 36)
+_JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+_MAX_PAGE_BYTES = 8 << 20
+
+
+class StagingError(BackendError):
+    """A requirement has no usable wheel on the index, or the index misbehaved. Not transient when
+    the index answered: retrying the same index gives the same answer."""
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    filename: str
+    url: str
+    sha256: str | None
+    yanked: bool = False
+
+
+def target_tags(arch: str) -> list[Tag]:
+    """The wheel tags the launcher's pip accepts, most preferred first."""
+    platforms = [f"manylinux_{GLIBC[0]}_{minor}_{arch}" for minor in range(GLIBC[1], 16, -1)]
+    platforms += [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]
+    interpreter = f"cp{PYTHON_VERSION[0]}{PYTHON_VERSION[1]}"
+    return [
+        *cpython_tags(PYTHON_VERSION, platforms=platforms),
+        *compatible_tags(PYTHON_VERSION, interpreter=interpreter, platforms=platforms),
+    ]
+
+
+def parse_requirement(text: str) -> Requirement:
+    """`name` or `name<op>version[,...]`: what the launcher's policy accepts, nothing more."""
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as exc:
+        raise StagingError(f"requirement {text!r} is not valid: {exc}", transient=False) from None
+    if req.url is not None or req.marker is not None or req.extras:
+        raise StagingError(f"requirement {text!r} refused: URL, marker or extras", transient=False)
+    return req
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[tuple[str, str, bool]] = []
+        self._href: str | None = None
+        self._yanked = False
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            values = dict(attrs)
+            self._href, self._yanked, self._text = values.get("href"), "data-yanked" in values, []
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a" and self._href is not None:
+            self.found.append((self._href, "".join(self._text).strip(), self._yanked))
+            self._href = None
+
+
+def parse_index_page(body: bytes, content_type: str, page_url: str) -> list[IndexFile]:
+    """A project's files from its simple-index page, URLs made absolute."""
+    if content_type.split(";")[0].strip() == _JSON_TYPE:
+        files = json.loads(body)["files"]
+        return [
+            IndexFile(
+                str(f["filename"]),
+                urllib.parse.urljoin(page_url, str(f["url"])),
+                (f.get("hashes") or {}).get("sha256"),
+                bool(f.get("yanked")),
+            )
+            for f in files
+        ]
+    parser = _Anchors()
+    parser.feed(body.decode("utf-8", errors="replace"))
+    out = []
+    for href, text, yanked in parser.found:
+        url, _, fragment = urllib.parse.urljoin(page_url, href).partition("#")
+        algorithm, _, digest = fragment.partition("=")
+        name = text or url.rsplit("/", 1)[-1]
+        out.append(IndexFile(name, url, digest if algorithm == "sha256" else None, yanked))
+    return out
+
+
+def choose(req: Requirement, files: Iterable[IndexFile], tags: Sequence[Tag]) -> IndexFile:
+    """The newest version the specifier admits that has a wheel for `tags`, and of its wheels the one
+    with the most preferred tag. Yanked files are skipped, as pip skips them for a range."""
+    rank = {tag: i for i, tag in enumerate(tags)}
+    name = canonicalize_name(req.name)
+    best: tuple[Version, int, IndexFile] | None = None
+    for file in files:
+        if file.yanked or not file.filename.endswith(".whl"):
+            continue
+        try:
+            wheel_name, version, _, wheel_tags = parse_wheel_filename(file.filename)
+        except InvalidWheelFilename:
+            continue
+        preference = min((rank[t] for t in wheel_tags if t in rank), default=None)
+        if wheel_name != name or preference is None or not req.specifier.contains(version):
+            continue
+        if best is None or (version, -preference) > (best[0], -best[1]):
+            best = (version, preference, file)
+    if best is None:
+        raise StagingError(
+            f"no wheel of {req} for CPython {PYTHON_VERSION[0]}.{PYTHON_VERSION[1]} on Linux "
+            "on the operator's package index (jobs install wheels only)",
+            transient=False,
+        )
+    return best[2]
+
+
+def _get(url: str, timeout: float, max_bytes: int, accept: str = "*/*") -> tuple[bytes, str]:
+    request = urllib.request.Request(url, headers={"Accept": accept})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            data = response.read(max_bytes + 1)
+            content_type = response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        # 404: the project is not on the index, an answer; 5xx and the like may pass.
+        raise StagingError(f"package index: GET {url}: HTTP {exc.code}", transient=exc.code >= 500) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise StagingError(f"package index unreachable: GET {url}: {exc}", transient=True) from None
+    if len(data) > max_bytes:
+        raise StagingError(f"package index: {url} is larger than {max_bytes} bytes", transient=False)
+    return data, content_type
+
+
+def stage(
+    index_url: str,
+    requirements: Sequence[str],
+    destination: Path,
+    *,
+    arch: str,
+    max_bytes: int,
+    timeout: float,
+) -> list[str]:
+    """Download one wheel per requirement into `destination` (made whole or not at all: a directory
+    that exists is an earlier attempt's finished work). Returns the wheels' file names."""
+    if destination.is_dir():
+        return sorted(p.name for p in destination.iterdir())
+    tags = target_tags(arch)
+    base = index_url.rstrip("/") + "/"
+    destination.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    work = Path(tempfile.mkdtemp(prefix=".staging-", dir=destination.parent))
+    try:
+        left = max_bytes
+        for text in requirements:
+            req = parse_requirement(text)
+            page_url = urllib.parse.urljoin(base, f"{canonicalize_name(req.name)}/")
+            body, content_type = _get(page_url, timeout, _MAX_PAGE_BYTES, f"{_JSON_TYPE}, text/html;q=0.5")
+            file = choose(req, parse_index_page(body, content_type, page_url), tags)
+            if file.sha256 is None:
+                raise StagingError(f"package index gives no sha256 for {file.filename}", transient=False)
+            data, _ = _get(file.url, timeout, left)
+            if hashlib.sha256(data).hexdigest() != file.sha256.lower():
+                raise StagingError(f"{file.filename}: sha256 does not match the index", transient=False)
+            left -= len(data)
+            # The index's file name is untrusted too: only its last component, checked as a wheel's.
+            (work / Path(file.filename).name).write_bytes(data)
+        for path in work.iterdir():
+            path.chmod(0o444)
+        work.chmod(0o755)
+        os.rename(work, destination)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return sorted(p.name for p in destination.iterdir())
