@@ -10,6 +10,7 @@ and otherwise a Debian base made here from Debian's packages (devstack/debian.py
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ class ProjectImage:
     dockerfile: str
     # What the Dockerfile copies (besides pyproject.toml and uv.lock), relative to the repo root.
     sources: tuple[str, ...]
+    # Free space a build needs in Docker's root: the dependency layer is written, then committed.
+    build_space_gb: int = 2
 
 
 OPERATOR = ProjectImage(
@@ -43,6 +46,7 @@ LAUNCHER = ProjectImage(
     "localhost/posttrain-launcher",
     "launcher_image/Dockerfile",
     ("launcher_image/posttrain_launcher", "graders"),
+    build_space_gb=14,  # torch with the CUDA libraries of PyPI's wheel: a 6 GB layer, written twice
 )
 IMAGES = {image.name: image for image in (OPERATOR, LAUNCHER)}
 
@@ -84,6 +88,7 @@ def build(image: ProjectImage, base: str) -> str:
     if debian.image_exists(tag):
         log(f"{tag} is up to date")
         return tag
+    require_free_space(docker_root(), image.build_space_gb << 30, f"docker build {tag}")
     started = time.monotonic()
     log(f"docker build {tag} (BASE={base})")
     # Host networking: the build's package downloads use the host's resolver and routes.
@@ -109,6 +114,23 @@ def build(image: ProjectImage, base: str) -> str:
     log(f"built {tag} in {int(time.monotonic() - started)}s ({image_size_mb(tag)} MB)")
     debian.remove_other_tags(image.repository, keep=tag)
     return tag
+
+
+def docker_root() -> Path:
+    out = subprocess.run(
+        ["docker", "info", "--format", "{{.DockerRootDir}}"], capture_output=True, text=True, check=True
+    )
+    return Path(out.stdout.strip())
+
+
+def require_free_space(path: Path, needed: int, doing: str) -> None:
+    """Fail before a step that would otherwise stop half-way with "no space left on device"."""
+    free = shutil.disk_usage(path).free
+    if free < needed:
+        raise BuildError(
+            f"{doing} needs about {needed / 2**30:.0f} GiB free under {path}, and {free / 2**30:.1f} GiB "
+            "are: free some (`docker image prune`, `docker system df` shows what Docker holds) and retry"
+        )
 
 
 def image_size_mb(tag: str) -> int:

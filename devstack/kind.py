@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import yaml
 
 from devstack import debian, nodeimage
 from devstack.build import BuildError, ensure_go_tool, log
+from devstack.images import image_size_mb, require_free_space
 
 # The official node image for Kubernetes v1.34 (override with KIND_NODE_IMAGE).
 OFFICIAL_NODE_IMAGE = "kindest/node:v1.34.4"
@@ -126,6 +128,10 @@ def load_images(name: str, images: list[str]) -> None:
         if node_has_image(name, image):
             log(f"{image} is already on {name}")
             continue
+        # kind saves the image to a temporary archive, and the node's containerd keeps the archive's
+        # blobs beside the unpacked layers: about three times the image's size, for a while.
+        size = image_size_mb(image) * 1_000_000
+        require_free_space(Path(tempfile.gettempdir()), 3 * size, f"kind load docker-image {image}")
         proc = _kind("load", "docker-image", image, "--name", name)
         if proc.returncode != 0:
             raise BuildError(f"kind load docker-image {image} failed: {proc.stderr.strip()[-2000:]}")
