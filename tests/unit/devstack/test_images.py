@@ -1,4 +1,4 @@
-"""The project images' build keys and the free-space guard in front of the builds and loads."""
+"""The project images' build keys, and the free-space guard in front of builds and loads."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_a_step_that_cannot_fit_fails_first_saying_how_much_it_needs(tmp_path: P
     images.require_free_space(tmp_path, 1, "docker build x")  # fits: no error
 
 
-def test_the_key_changes_with_the_lock_the_sources_and_the_base() -> None:
+def test_the_key_is_stable_and_changes_with_the_base_and_the_image() -> None:
     key = images.image_key(images.LAUNCHER, "base:1")
     assert key == images.image_key(images.LAUNCHER, "base:1")
     assert key != images.image_key(images.LAUNCHER, "base:2")
