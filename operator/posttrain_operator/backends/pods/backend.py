@@ -10,7 +10,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -47,7 +46,6 @@ from posttrain_operator.backends.pods.names import (
     episode_namespace,
     episode_wheels_subpath,
     label_value,
-    wheels_subpath,
 )
 from posttrain_operator.backends.pods.status import remote_status
 from posttrain_operator.backends.pods.store import (
@@ -56,7 +54,7 @@ from posttrain_operator.backends.pods.store import (
     read_artifact_file,
     remove_store_tree,
 )
-from posttrain_operator.backends.pods.wheels import stage
+from posttrain_operator.backends.pods.wheels import packages_to_stage, stage_for_job
 
 _TRANSIENT_STATUS = {0, 408, 429, 500, 502, 503, 504}
 
@@ -154,13 +152,7 @@ class PodsBackend:
 
     async def submit(self, request: JobRequest) -> Handle:
         body = pod_body(self.config, request)  # UnknownFlavor and unsafe paths fail before any call
-        packages = list(request.launcher_spec.get("packages") or [])
-        if packages and self.config.package_index is None:
-            raise BackendError(
-                "this job lists packages, but the pods backend has no package index to stage them from "
-                "(the chart's pods.packageIndex): job pods have no egress",
-                transient=False,
-            )
+        packages = packages_to_stage(self.config, request)
         namespace = body["metadata"]["namespace"]
         await self._ensure_namespace(namespace, request)
         await self._ensure_network_policy(namespace)
@@ -194,19 +186,9 @@ class PodsBackend:
         return Handle(f"{namespace}/{name}", prefix)
 
     async def _stage_packages(self, namespace: str, key: str, packages: list[str]) -> None:
-        """The job's wheels onto the store, where its pod mounts them (wheels.py)."""
-        assert self.config.package_index is not None
         self.stats.count("stage_packages")
         try:
-            await asyncio.to_thread(
-                stage,
-                self.config.package_index,
-                packages,
-                Path(self.config.store_path, wheels_subpath(namespace, key)),
-                arch=self.config.package_arch,
-                max_bytes=self.config.max_package_bytes,
-                timeout=self._timeout,
-            )
+            await asyncio.to_thread(stage_for_job, self.config, namespace, key, packages)
         except BackendError as exc:
             self.stats.ended("stage_packages", "transient" if exc.transient else "refused")
             raise

@@ -156,6 +156,17 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TERMINATION_LOG = "/dev/termination-log"
 
 
+def _volumes(config: PodsConfig, mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Scratch, and the store once read-only and once writable where a mount needs it."""
+    used = {m["name"] for m in mounts}
+    volumes: list[dict[str, Any]] = [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": config.scratch_size}}]
+    if STORE_RO_VOLUME in used:
+        volumes.append({"name": STORE_RO_VOLUME, **_read_only_source(config.store_volume)})
+    if STORE_RW_VOLUME in used:
+        volumes.append({"name": STORE_RW_VOLUME, **dict(config.store_volume)})
+    return volumes
+
+
 def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     flavor = config.flavors.get(request.flavor)
     if flavor is None:
@@ -164,12 +175,6 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     mounts = store_mounts(request)
     if request.launcher_spec.get("packages"):
         mounts.append(wheels_mount(namespace, request.key))
-    used = {m["name"] for m in mounts}
-    volumes: list[dict[str, Any]] = [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": config.scratch_size}}]
-    if STORE_RO_VOLUME in used:
-        volumes.append({"name": STORE_RO_VOLUME, **_read_only_source(config.store_volume)})
-    if STORE_RW_VOLUME in used:
-        volumes.append({"name": STORE_RW_VOLUME, **dict(config.store_volume)})
     limits = {"cpu": flavor.cpu, "memory": flavor.memory, "ephemeral-storage": config.scratch_size}
     requests = {
         **limits,
@@ -221,7 +226,7 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
                 "seccompProfile": dict(SECCOMP),
             },
             "containers": [_container(config, request, {"requests": requests, "limits": limits}, mounts)],
-            "volumes": volumes,
+            "volumes": _volumes(config, mounts),
             **placement,
         },
     }

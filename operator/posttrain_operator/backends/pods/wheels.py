@@ -26,7 +26,9 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from posttrain_operator.backends.base import BackendError
+from posttrain_operator.backends.base import BackendError, JobRequest
+from posttrain_operator.backends.pods.config import PodsConfig
+from posttrain_operator.backends.pods.names import wheels_subpath
 
 # The launcher image's interpreter: CPython 3.11 on Debian bookworm (glibc 2.36).
 PYTHON_VERSION = (3, 11)
@@ -200,3 +202,28 @@ def stage(
         shutil.rmtree(work, ignore_errors=True)
         raise
     return sorted(p.name for p in destination.iterdir())
+
+
+def packages_to_stage(config: PodsConfig, request: JobRequest) -> list[str]:
+    """The job's packages; refused before any call when there is no index to stage them from."""
+    packages = [str(p) for p in request.launcher_spec.get("packages") or []]
+    if packages and config.package_index is None:
+        raise StagingError(
+            "this job lists packages, but the pods backend has no package index to stage them from "
+            "(the chart's pods.packageIndex): job pods have no egress",
+            transient=False,
+        )
+    return packages
+
+
+def stage_for_job(config: PodsConfig, episode_namespace: str, key: str, packages: Sequence[str]) -> list[str]:
+    """`stage` with the backend's settings, into the job's directory of the store."""
+    assert config.package_index is not None
+    return stage(
+        config.package_index,
+        packages,
+        Path(config.store_path, wheels_subpath(episode_namespace, key)),
+        arch=config.package_arch,
+        max_bytes=config.max_package_bytes,
+        timeout=config.request_timeout_seconds,
+    )
