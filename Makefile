@@ -18,11 +18,11 @@ $(UV):
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target $(CACHE_DIR)/tools/uv-$(UV_VERSION) uv==$(UV_VERSION)
 
 $(VENV)/.synced: $(UV) pyproject.toml uv.lock
-	$(UV) sync --locked --quiet
+	$(UV) sync --locked --all-extras --quiet
 	@touch $@
 
 .PHONY: venv
-venv: $(VENV)/.synced ## Create .venv with every dependency group (locked)
+venv: $(VENV)/.synced ## Create .venv with every extra and the dev group (locked)
 
 .PHONY: lock
 lock: $(UV) ## Re-resolve uv.lock after changing pyproject.toml

@@ -110,10 +110,14 @@ class OperatorProcess:
         emulator: HfEmulator,
         log_dir: Path,
         namespace: str,
+        *,
+        python: str = sys.executable,
+        cwd: Path = REPO,
         **env: str,
     ) -> None:
         # Scoped to the test's namespace: tests (and people) sharing a cluster never cross-talk.
         self.namespace = namespace
+        self.python, self.cwd = python, cwd  # another environment: an installed wheel's
         self.cluster = cluster
         self.emulator = emulator
         self.log_dir = log_dir
@@ -160,13 +164,13 @@ class OperatorProcess:
         log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "kopf", "run", "--standalone", f"--namespace={self.namespace}",
+                self.python, "-m", "kopf", "run", "--standalone", f"--namespace={self.namespace}",
                 "-m", "posttrain_operator.handlers",
             ],
             env=self.env(),
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=REPO,
+            cwd=self.cwd,
         )  # fmt: skip
         return self
 

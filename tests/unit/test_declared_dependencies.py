@@ -1,5 +1,5 @@
 """The operator+gateway image installs only the project's core dependencies and the `operator` and
-`gateway` groups: every third-party module their code imports must be declared there, not merely
+`gateway` extras: every third-party module their code imports must be declared there, not merely
 arrive as someone else's dependency (mcp 1.x brought httpx along; 2.x does not)."""
 
 import ast
@@ -24,8 +24,8 @@ def _name(requirement: str) -> str:
 
 def _declared() -> set[str]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    groups = project["dependency-groups"]
-    return {_name(r) for r in [*project["project"]["dependencies"], *groups["operator"], *groups["gateway"]]}
+    extras = project["project"]["optional-dependencies"]
+    return {_name(r) for r in [*project["project"]["dependencies"], *extras["operator"], *extras["gateway"]]}
 
 
 def _imported_modules() -> set[str]:

@@ -53,7 +53,7 @@ def test_base_is_one_argument_defaulting_to_pinned_slim_python(dockerfile: Path)
 def test_operator_image_installs_no_ml_dependencies() -> None:
     runs = [a for w, a in instructions(REPO / "operator" / "Dockerfile") if w == "RUN" and "uv sync" in a]
     assert len(runs) == 1 and "--no-default-groups" in runs[0], runs
-    assert re.findall(r"--group (\w+)", runs[0]) == ["operator", "gateway"]
+    assert re.findall(r"--extra (\w+)", runs[0]) == ["operator", "gateway"]
 
 
 def test_runs_as_uid_10000_and_starts_the_launcher() -> None:
@@ -75,4 +75,4 @@ def test_no_remote_add_no_secrets_and_only_launcher_code_copied() -> None:
     copied = {src for w, a in ins if w == "COPY" and "--from" not in a for src in a.split()[:-1]}
     assert copied == {"pyproject.toml", "uv.lock", "launcher_image/posttrain_launcher", "graders"}
     assert not any("operator" in a or "env_gateway" in a for w, a in ins if w == "COPY")
-    assert any("uv sync --locked" in a and "--group launcher" in a for w, a in ins if w == "RUN")
+    assert any("uv sync --locked" in a and "--extra launcher" in a for w, a in ins if w == "RUN")
