@@ -197,7 +197,8 @@ def launcher_image(e2e_cluster: Cluster) -> str | None:
 
 def stage_store(store: Path) -> None:
     """The store's layout (backends/pods/names.py): every task repo read-only under `repos/`, and
-    `outputs/`, where the operator (uid 10000) makes each job's output dir."""
+    `outputs/` and `wheels/`, where the operator (uid 10000) makes each job's output dir and stages
+    its packages."""
     for repo in materialize_assets():
         target = store / "repos" / repo.ref.kind / repo.ref.repo_id / repo.ref.revision
         if not target.exists():
@@ -207,8 +208,9 @@ def stage_store(store: Path) -> None:
         Path(directory).chmod(0o755)
         for name in files:
             Path(directory, name).chmod(0o644)
-    (store / "outputs").mkdir(exist_ok=True)
-    os.chown(store / "outputs", JOB_UID, JOB_UID)
+    for operator_dir in ("outputs", "wheels"):
+        (store / operator_dir).mkdir(exist_ok=True)
+        os.chown(store / operator_dir, JOB_UID, JOB_UID)
 
 
 @pytest.fixture(scope="session")

@@ -209,3 +209,13 @@ async def test_packages_without_a_configured_index_are_refused_before_any_api_ca
         await backend.submit(_request(["ptprobe"]))
     assert caught.value.transient is False
     assert backend.stats.calls == {}
+
+
+def test_a_store_the_operator_cannot_write_is_a_clear_final_refusal(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "wheels").write_text("not a directory")
+    with pytest.raises(StagingError, match="cannot stage wheels on the artifact store") as caught:
+        stage("http://127.0.0.1:9/simple/", ["ptprobe"], store / "wheels" / "ns" / "job",
+              arch="x86_64", max_bytes=1 << 20, timeout=5)  # fmt: skip
+    assert caught.value.transient is False

@@ -177,8 +177,11 @@ def stage(
         return sorted(p.name for p in destination.iterdir())
     tags = target_tags(arch)
     base = index_url.rstrip("/") + "/"
-    destination.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    work = Path(tempfile.mkdtemp(prefix=".staging-", dir=destination.parent))
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        work = Path(tempfile.mkdtemp(prefix=".staging-", dir=destination.parent))
+    except OSError as exc:
+        raise StagingError(f"cannot stage wheels on the artifact store: {exc}", transient=False) from None
     try:
         left = max_bytes
         for text in requirements:
