@@ -52,6 +52,8 @@ class PackageIndex:
     # Wheels whose advertised sha256 is wrong (a tampered mirror).
     lie_about: set[str] = field(default_factory=set)
     speaks_json: bool = True  # False: PEP 503 HTML only, as older mirrors serve
+    # File name -> the URL the index gives for it instead of its own (a hostile mirror).
+    urls: dict[str, str] = field(default_factory=dict)
 
 
 def _sha256(path: Path) -> str:
@@ -90,14 +92,19 @@ def serve_index(host: str, wheels: dict[str, list[Path]]) -> Iterator[PackageInd
                         "meta": {"api-version": "1.0"},
                         "name": parts[1],
                         "files": [
-                            {"filename": n, "url": f"../../files/{n}", "hashes": {"sha256": h}}
+                            {
+                                "filename": n,
+                                "url": index.urls.get(n, f"../../files/{n}"),
+                                "hashes": {"sha256": h},
+                            }
                             for n, h in files
                         ],
                     }
                     self._send(200, json.dumps(body).encode(), JSON_TYPE)
                 else:
                     links = "".join(
-                        f'<a href="../../files/{html.escape(n)}#sha256={h}">{html.escape(n)}</a><br>'
+                        f'<a href="{html.escape(index.urls.get(n, f"../../files/{n}"))}#sha256={h}">'
+                        f"{html.escape(n)}</a><br>"
                         for n, h in files
                     )
                     self._send(200, f"<!DOCTYPE html><html><body>{links}</body></html>".encode(), "text/html")

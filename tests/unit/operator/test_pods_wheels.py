@@ -219,3 +219,14 @@ def test_a_store_the_operator_cannot_write_is_a_clear_final_refusal(tmp_path: Pa
         stage("http://127.0.0.1:9/simple/", ["ptprobe"], store / "wheels" / "ns" / "job",
               arch="x86_64", max_bytes=1 << 20, timeout=5)  # fmt: skip
     assert caught.value.transient is False
+
+
+@pytest.mark.parametrize("url", ["file:///etc/hostname", "ftp://127.0.0.1/x.whl"])
+def test_an_index_pointing_off_http_is_refused(tmp_path: Path, url: str) -> None:
+    """A hostile mirror cannot make the operator copy its own files into a job's wheels."""
+    wheel = build_wheel(tmp_path, "ptprobe", "1.0", "")
+    with serve_index("127.0.0.1", {"ptprobe": [wheel]}) as index:
+        index.urls[wheel.name] = url
+        with pytest.raises(StagingError, match="not an http") as caught:
+            stage(index.url, ["ptprobe"], tmp_path / "dest", arch="x86_64", max_bytes=1 << 20, timeout=5)
+    assert caught.value.transient is False and not (tmp_path / "dest").exists()

@@ -35,6 +35,7 @@ PYTHON_VERSION = (3, 11)
 GLIBC = (2, 36)
 _JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 _MAX_PAGE_BYTES = 8 << 20
+_SCHEMES = ("http", "https")
 
 
 class StagingError(BackendError):
@@ -147,9 +148,14 @@ def choose(req: Requirement, files: Iterable[IndexFile], tags: Sequence[Tag]) ->
 
 
 def _get(url: str, timeout: float, max_bytes: int, accept: str = "*/*") -> tuple[bytes, str]:
+    # Only the network: an index (or a redirect) naming file:// or ftp:// would read elsewhere.
+    if urllib.parse.urlsplit(url).scheme not in _SCHEMES:
+        raise StagingError(f"package index: {url!r} is not an http(s) URL", transient=False)
     request = urllib.request.Request(url, headers={"Accept": accept})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
+            if urllib.parse.urlsplit(response.geturl()).scheme not in _SCHEMES:
+                raise StagingError(f"package index: {url} redirected off http(s)", transient=False)
             data = response.read(max_bytes + 1)
             content_type = response.headers.get("Content-Type", "")
     except urllib.error.HTTPError as exc:
