@@ -16,6 +16,7 @@ import pytest
 
 from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator, routes
+from devstack.hf_emulator.repos import remove_tree
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json, wait_for
 from tests.integration.conftest import (
@@ -178,7 +179,7 @@ def test_an_unreachable_backend_leaves_the_job_pending_with_a_reason_and_the_epi
 def test_a_missing_task_asset_fails_the_job_naming_it(
     cluster: devcluster.ClusterState, crds: None, kubectl: Kubectl, namespace: str, tmp_path: Path
 ) -> None:
-    bare, _ = make_emulator(execute=False, simulated_runtime=1.0)  # no repository registered
+    bare, bare_dir = make_emulator(execute=False, simulated_runtime=1.0)  # no repository registered
     try:
         with running_operator(cluster, bare, tmp_path, namespace) as op:
             apply(kubectl, namespace, episode_manifest("ep1"))
@@ -192,4 +193,5 @@ def test_a_missing_task_asset_fails_the_job_naming_it(
             _no_traceback_loop(op)
     finally:
         bare.stop()
+        remove_tree(bare_dir)
     assert HF_TOKEN not in op.logs()
