@@ -49,9 +49,10 @@ class ToolError(RuntimeError):
     pass
 
 
-async def _reset(
+async def reset_episode(
     gateway: str, orchestrator_token: str, task: str, backend: str | None = None, **extra: Any
 ) -> dict[str, Any]:
+    """The orchestrator's side: an OpenEnv `reset` over `/ws`; the observation carries the agent token."""
     ws_url = gateway.replace("http://", "ws://").replace("https://", "wss://") + "/ws"
     headers = {"Authorization": f"Bearer {orchestrator_token}"}
     async with websockets.connect(ws_url, additional_headers=headers) as conn:
@@ -77,7 +78,8 @@ async def agent_client(gateway: str, token: str) -> AsyncIterator[Client]:
         yield client
 
 
-async def _call(session: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+async def call_tool(session: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """One tool call; its structured result, or ToolError when the gateway refused it."""
     result = await session.call_tool(tool, arguments)
     if result.is_error or not isinstance(result.structured_content, dict):
         raise ToolError(f"{tool} failed: {result.structured_content or result.content}")
@@ -90,7 +92,7 @@ async def _wait(session: Client, say: Callable[[str], None], job: str | None = N
     """Call jobs_wait (each call bounded by the gateway) until the job, or the episode, is finished."""
     started = time.monotonic()
     while True:
-        waited = await _call(session, "jobs_wait", **({"job": job} if job else {}), timeout_seconds=20)
+        waited = await call_tool(session, "jobs_wait", **({"job": job} if job else {}), timeout_seconds=20)
         if waited["finished"]:
             return waited
         what = waited.get("job", {}).get("phase", "running") if job else "scoring"
@@ -106,13 +108,13 @@ async def run_episode(
 ) -> EpisodeResult:
     started = time.monotonic()
     script_path, timeout = SOLUTIONS[task]
-    observation = await _reset(gateway, orchestrator_token, task, backend)
+    observation = await reset_episode(gateway, orchestrator_token, task, backend)
     token = observation["metadata"]["agent_token"]
     episode = observation["episode"]
     say(f"[{task}] episode {episode} started")
     async with agent_client(gateway, token) as session:
-        await _call(session, "task_info")
-        submitted = await _call(
+        await call_tool(session, "task_info")
+        submitted = await call_tool(
             session, "jobs_submit", script=script_path.read_text(), timeout_seconds=timeout
         )
         job = submitted["job"]["name"]
@@ -120,11 +122,11 @@ async def run_episode(
         trained = await _wait(session, say, job)
         if trained["job"]["phase"] != "Succeeded":
             raise ToolError(f"training job ended {trained['job']['phase']}: {trained['job'].get('message')}")
-        dev = await _call(session, "dev_evaluate", job=job)
+        dev = await call_tool(session, "dev_evaluate", job=job)
         evaluated = await _wait(session, say, dev["job"]["name"])
         dev_score = (evaluated["job"].get("result") or {}).get("score")
         say(f"[{task}] dev score {dev_score}; submitting {job}")
-        await _call(session, "submit", job=job)
+        await call_tool(session, "submit", job=job)
         final = await _wait(session, say)
     return EpisodeResult(
         task=task,

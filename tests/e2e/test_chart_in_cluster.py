@@ -160,7 +160,9 @@ def test_operator_pod_killed_mid_episode(release: Release, hf_emulator: HfEmulat
     old_pod = release.ready_pod("operator")["metadata"]["name"]
 
     async def play(gateway: str) -> tuple[str, dict[str, Any]]:
-        observation = await scripted_sft_agent._reset(gateway, release.orchestrator_token, "t0_artifact")
+        observation = await scripted_sft_agent.reset_episode(
+            gateway, release.orchestrator_token, "t0_artifact"
+        )
         token, episode = observation["metadata"]["agent_token"], observation["episode"]
         async with scripted_sft_agent.agent_client(gateway, token) as session:
             submitted = await _call(

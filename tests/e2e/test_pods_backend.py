@@ -155,14 +155,14 @@ async def _submit(
     gateway: str, release: Release, script: str, flavor: str, *package_lists: list[str]
 ) -> tuple[str, list[str], Any]:
     """A new pods episode and one job of `script` per package list (one job when none is given)."""
-    observation = await scripted_sft_agent._reset(
+    observation = await scripted_sft_agent.reset_episode(
         gateway, release.orchestrator_token, "t0_artifact", "pods", flavors=["cpu-basic", "held"]
     )
     token, episode = observation["metadata"]["agent_token"], observation["episode"]
     jobs = []
     async with scripted_sft_agent.agent_client(gateway, token) as session:
         for packages in package_lists or ([],):
-            submitted = await scripted_sft_agent._call(
+            submitted = await scripted_sft_agent.call_tool(
                 session, "jobs_submit", script=script, timeout_seconds=300, flavor=flavor, packages=packages
             )
             jobs.append(submitted["job"]["name"])
@@ -333,14 +333,14 @@ def test_output_cap_deadline_and_memory_stop_the_job_charged_only_what_it_used(
     release = pods_release
 
     async def submit_all(gateway: str) -> tuple[str, dict[str, str]]:
-        observation = await scripted_sft_agent._reset(
+        observation = await scripted_sft_agent.reset_episode(
             gateway, release.orchestrator_token, "t0_artifact", "pods", max_concurrent_jobs=3
         )
         token, episode = observation["metadata"]["agent_token"], observation["episode"]
         names = {}
         async with scripted_sft_agent.agent_client(gateway, token) as session:
             for label, (script, timeout) in BOUNDED.items():
-                submitted = await scripted_sft_agent._call(
+                submitted = await scripted_sft_agent.call_tool(
                     session, "jobs_submit", script=script, timeout_seconds=timeout
                 )
                 names[label] = submitted["job"]["name"]
