@@ -1,20 +1,28 @@
 """Task registry: what each task is, what its jobs may mount, and how it is graded.
 
-The operator and the gateway import this module, and neither depends on torch: keep it to the standard
-library and pydantic. The grader programs (which do import torch) live in sibling modules.
+Tasks are plugins: the project's own (`graders.builtin_tasks`) and any package's entry point in the
+`posttrain.tasks` group, so a lab adds a task by installing its package (docs/tasks.md). The operator
+and the gateway import this module, and neither depends on torch: keep it to the standard library and
+pydantic. The grader programs (which may import torch) are named by module and imported only in jobs.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from importlib import metadata
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The local assets are built by the project (`python -m graders.assets build`); bump this whenever the
 # build recipe changes so every cache and every emulator repo store sees a new revision.
 LOCAL_ASSETS_REVISION = "local-v2"
 LOCAL_NAMESPACE = "posttrain-operator"
+ENTRY_POINT_GROUP = "posttrain.tasks"
 
 # Every dataset repo holds its records in this one JSON Lines file.
 DATASET_FILE = "data.jsonl"
@@ -80,8 +88,9 @@ class Task(BaseModel):
     limits: TaskLimits
     default_budget_usd: str
     scoring_timeout_seconds: int = Field(gt=0)
-    # Module run by `python -m graders.run`; it exposes `grade(task, inputs) -> GraderResult`.
-    grader: str = Field(pattern=r"^graders\.[a-z_][a-z0-9_]*$")
+    # Module imported by `python -m graders.run` in the grader job (so it must be installed in the job's
+    # image); it exposes `GRADER_VERSION` and `grade(task, inputs) -> GraderResult`.
+    grader: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
 
     @field_validator("default_budget_usd")
     @classmethod
@@ -131,88 +140,89 @@ class Task(BaseModel):
         return f"import sys\nfrom graders.run import main\nsys.exit(main(['--task', {self.name!r}]))\n"
 
 
-def _local(kind: Literal["model", "dataset"], name: str) -> RepoRef:
-    return RepoRef(kind=kind, repo_id=f"{LOCAL_NAMESPACE}/{name}", revision=LOCAL_ASSETS_REVISION)
+class AssetLocation(BaseSettings):
+    """Where the tasks' repos live on the Hub: one namespace and one revision (a tag) for them all.
+
+    Every process that resolves tasks reads the same POSTTRAIN_TASK_ASSETS_* variables (the chart sets
+    them on the operator and the gateway alike). The defaults are the project's local build, which the
+    devstack's emulator serves; `python -m graders.assets publish` puts the same repos on a real Hub.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="POSTTRAIN_TASK_ASSETS_", frozen=True, extra="ignore")
+
+    namespace: str = Field(default=LOCAL_NAMESPACE, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    revision: str = Field(default=LOCAL_ASSETS_REVISION, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+
+    def model(self, name: str) -> RepoRef:
+        return RepoRef(kind="model", repo_id=f"{self.namespace}/{name}", revision=self.revision)
+
+    def dataset(self, name: str) -> RepoRef:
+        return RepoRef(kind="dataset", repo_id=f"{self.namespace}/{name}", revision=self.revision)
 
 
-_ARTIFACT_DESCRIPTION = """\
-Produce an artifact from a dataset. No model is involved.
+@dataclass(frozen=True)
+class TaskPlugin:
+    """What a task package registers under the `posttrain.tasks` entry-point group (docs/tasks.md).
 
-Input: the dataset mounted at $POSTTRAIN_INPUT_RECORDS holds `data.jsonl`, one JSON object per line:
-{"key": "<string>", "value": <integer>}.
+    `define` returns the task with its repos placed at the configured location (use
+    `assets.model(name)` and `assets.dataset(name)`, or pin a repo of your own). `assets` names the
+    module that builds those repos, imported only to build or publish them, so heavy imports stay out
+    of the operator: it defines `BUILDERS`, a mapping from repo name (the repo id after the namespace)
+    to `build(path, progress)`, which writes the repo's files into `path` deterministically.
+    """
 
-Submit a job that writes the file `answer.json` directly in $POSTTRAIN_OUTPUT_DIR: one JSON object
-mapping every distinct key of the input to the sum of the values on its lines, as an integer, e.g.
-{"k00": 1234, "k01": -56}. Then call `dev_evaluate` with that job to check it, and `submit` it.
-The score is 1 when every key is present with its exact sum, else 0. The output dir must hold no
-symlinks and no pickle files (*.bin, *.pt, *.pth, *.pkl, *.pickle, *.ckpt, *.joblib, *.npy, *.npz).
-"""
+    define: Callable[[AssetLocation], Task]
+    assets: str | None = None
 
-_ARITHMETIC_DESCRIPTION = """\
-Post-train a tiny character-level causal LM (LlamaForCausalLM, about 0.6 M parameters) to answer
-additions of two integers from 0 to 19 in an exact format. The base model knows sums in the format
-`a+b=s` but not the required one.
 
-Prompt (exactly, no trailing space):  "Q: {a}+{b}\\nA:"
-Required completion (greedy decoding):  " #### {a+b}" followed by the end-of-sequence token
-(a newline also ends the answer). Example: "Q: 3+14\\nA:" -> " #### 17". Anything else is wrong.
-The score is the exact-match accuracy on a hidden split of such prompts.
+@dataclass(frozen=True)
+class RegisteredTask:
+    task: Task
+    plugin: TaskPlugin
+    source: str  # where it came from, for messages: "builtin" or the entry point
 
-Inputs of your jobs (read-only): the base model (config, tokenizer, safetensors weights) at
-$POSTTRAIN_INPUT_MODEL; training data at $POSTTRAIN_INPUT_TRAIN/data.jsonl and the public dev split at
-$POSTTRAIN_INPUT_DEV/data.jsonl, one JSON object per line: {"prompt": ..., "completion": ...}
-(the dev split has {"prompt": ..., "answer": ...}). Jobs have no network and run on CPU.
 
-Your checkpoint is the output dir ($POSTTRAIN_OUTPUT_DIR) of a job: write the weights there with
-`model.save_pretrained(os.environ["POSTTRAIN_OUTPUT_DIR"])` (safetensors). Only `*.safetensors` files
-directly in that dir are read; the architecture, config and tokenizer always come from the base model,
-so every tensor name and shape must match it exactly (no missing or extra tensors). An output dir with
-symlinks or pickle files (*.bin, *.pt, *.pth, *.pkl, *.pickle, *.ckpt, *.joblib, *.npy, *.npz) is
-rejected with score 0. Check a checkpoint with `dev_evaluate`, then `submit` the job whose outputs
-hold your final checkpoint.
-"""
+class TaskRegistryError(RuntimeError):
+    """A plugin that cannot be loaded or clashes with another: the operator refuses to start."""
 
-_TASKS: dict[str, Task] = {
-    task.name: task
-    for task in (
-        Task(
-            name="t0_artifact",
-            description=_ARTIFACT_DESCRIPTION,
-            base_model=None,
-            agent_datasets={"records": _local("dataset", "t0-artifact-records")},
-            dev_split=_local("dataset", "t0-artifact-dev-checks"),
-            hidden_split=_local("dataset", "t0-artifact-hidden-checks"),
-            default_flavors=["cpu-basic", "cpu-upgrade"],
-            # A correct job runs in seconds; 10 minute jobs on cpu-upgrade reserve $0.005 each.
-            limits=TaskLimits(
-                max_steps=30, max_wall_seconds=1200, max_concurrent_jobs=2, max_job_timeout_seconds=600
-            ),
-            default_budget_usd="0.05",
-            scoring_timeout_seconds=300,
-            grader="graders.artifact",
-        ),
-        Task(
-            name="t0_arithmetic_format",
-            description=_ARITHMETIC_DESCRIPTION,
-            base_model=_local("model", "t0-arithmetic-base"),
-            agent_datasets={
-                "train": _local("dataset", "t0-arithmetic-train"),
-                "dev": _local("dataset", "t0-arithmetic-dev"),
-            },
-            dev_split=_local("dataset", "t0-arithmetic-dev"),
-            hidden_split=_local("dataset", "t0-arithmetic-hidden"),
-            default_flavors=["cpu-basic", "cpu-upgrade"],
-            # An SFT that reaches the bar takes a few minutes; a 30 minute cpu-upgrade job reserves
-            # $0.015, so the budget covers about 15 worst-case jobs plus dev evaluations.
-            limits=TaskLimits(
-                max_steps=60, max_wall_seconds=3600, max_concurrent_jobs=2, max_job_timeout_seconds=1800
-            ),
-            default_budget_usd="0.25",
-            scoring_timeout_seconds=900,
-            grader="graders.arithmetic_format",
-        ),
-    )
-}
+
+def _entry_point_plugins() -> list[tuple[str, str | None, TaskPlugin]]:
+    """(source, the task name it must define, plugin) for each installed entry point."""
+    found: list[tuple[str, str | None, TaskPlugin]] = []
+    for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        source = f"entry point {entry.name} = {entry.value}"
+        try:
+            plugin = entry.load()
+        except Exception as exc:
+            raise TaskRegistryError(f"{source}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(plugin, TaskPlugin):
+            raise TaskRegistryError(f"{source}: is a {type(plugin).__name__}, not a TaskPlugin")
+        found.append((source, entry.name, plugin))
+    return found
+
+
+@functools.cache
+def _registry() -> dict[str, RegisteredTask]:
+    from graders.builtin_tasks import BUILTIN_TASKS  # its definitions import this module's models
+
+    location = AssetLocation()
+    candidates = [("builtin", None, plugin) for plugin in BUILTIN_TASKS] + _entry_point_plugins()
+    tasks: dict[str, RegisteredTask] = {}
+    for source, expected_name, plugin in candidates:
+        try:
+            task = plugin.define(location)
+        except Exception as exc:
+            raise TaskRegistryError(f"{source}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(task, Task):
+            raise TaskRegistryError(f"{source}: define() returned a {type(task).__name__}, not a Task")
+        if expected_name is not None and task.name != expected_name:
+            raise TaskRegistryError(f"{source}: defines task {task.name!r}; name the entry point after it")
+        if task.name in tasks:
+            raise TaskRegistryError(
+                f"{source}: task {task.name!r} is already registered by {tasks[task.name].source}"
+            )
+        tasks[task.name] = RegisteredTask(task=task, plugin=plugin, source=source)
+    return tasks
 
 
 class UnknownTaskError(KeyError):
@@ -225,15 +235,19 @@ class UnknownTaskError(KeyError):
 
 
 def task_names() -> list[str]:
-    return sorted(_TASKS)
+    return sorted(_registry())
 
 
 def get_task(name: str) -> Task:
-    try:
-        return _TASKS[name]
-    except KeyError:
-        raise UnknownTaskError(name) from None
+    return registered_task(name).task
 
 
 def all_tasks() -> list[Task]:
-    return [_TASKS[name] for name in task_names()]
+    return [registered_task(name).task for name in task_names()]
+
+
+def registered_task(name: str) -> RegisteredTask:
+    try:
+        return _registry()[name]
+    except KeyError:
+        raise UnknownTaskError(name) from None

@@ -1,13 +1,14 @@
-"""Local stand-ins for the Hub repos the tasks pin, built deterministically by the project.
+"""The Hub repos the tasks pin, built deterministically by the tasks' own builders.
 
-No model hub is reachable from our machines, so `materialize_assets()` builds every repo the registry
-references under a cache dir and returns where each one is, for the HF Jobs emulator's repo store and
-for tests. Importing this package does not import torch; only building the base model does.
+`materialize_assets()` builds every repo the registry references under a cache dir and returns where
+each one is: for the HF Jobs emulator's repo store, for tests, and for `publish`, which uploads them
+to a real Hub. Importing this package does not import torch; only building the base model does.
 """
 
 from __future__ import annotations
 
 import fcntl
+import importlib
 import os
 import shutil
 import time
@@ -16,10 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from graders.assets import datasets
-from graders.tasks import LOCAL_ASSETS_REVISION, RepoRef, all_tasks, get_task
+from graders.tasks import LOCAL_ASSETS_REVISION, RepoRef, registered_task, task_names
 
 Progress = Callable[[str], None]
+AssetBuilder = Callable[[Path, Progress], None]
 
 
 @dataclass(frozen=True)
@@ -39,42 +40,23 @@ def repo_path(assets_dir: Path, ref: RepoRef) -> Path:
 
 def referenced_repos() -> list[RepoRef]:
     """Every repo any task references (base models, agent datasets, dev and hidden splits), once."""
-    refs: list[RepoRef] = []
-    for task in all_tasks():
+    return list(_repo_builders())
+
+
+def _repo_builders() -> dict[RepoRef, AssetBuilder | None]:
+    """Each referenced repo, in registry order, with the builder its task's plugin has for it."""
+    repos: dict[RepoRef, AssetBuilder | None] = {}
+    for name in task_names():
+        registered = registered_task(name)
+        task = registered.task
+        builders: dict[str, AssetBuilder] = {}
+        if registered.plugin.assets is not None:
+            builders = dict(importlib.import_module(registered.plugin.assets).BUILDERS)
         candidates = [task.base_model, *task.agent_datasets.values(), task.dev_split, task.hidden_split]
-        refs.extend(ref for ref in candidates if ref is not None and ref not in refs)
-    return refs
-
-
-def _build_base_model(path: Path, progress: Progress) -> None:
-    # Takes effect only if torch is not loaded yet: spinning OpenMP threads starve each other on a
-    # shared CPU (passive waiting measured 3-5x faster on a busy 2-core machine).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from graders.assets.tiny_model import pretrain_base_model  # torch is needed only here
-
-    pretrain_base_model(path, progress=progress)
-
-
-def _dataset_builder(records: Callable[[], list[dict[str, object]]]) -> Callable[[Path, Progress], None]:
-    def build(path: Path, progress: Progress) -> None:
-        datasets.write_dataset_repo(path, records())
-
-    return build
-
-
-def _builders() -> dict[RepoRef, Callable[[Path, Progress], None]]:
-    arithmetic = get_task("t0_arithmetic_format")
-    artifact = get_task("t0_artifact")
-    assert arithmetic.base_model is not None
-    return {
-        arithmetic.base_model: _build_base_model,
-        arithmetic.agent_datasets["train"]: _dataset_builder(lambda: datasets.arithmetic_splits()["train"]),
-        arithmetic.dev_split: _dataset_builder(lambda: datasets.arithmetic_splits()["dev"]),
-        arithmetic.hidden_split: _dataset_builder(lambda: datasets.arithmetic_splits()["hidden"]),
-        artifact.agent_datasets["records"]: _dataset_builder(datasets.artifact_records),
-        artifact.dev_split: _dataset_builder(lambda: datasets.artifact_checks()["dev"]),
-        artifact.hidden_split: _dataset_builder(lambda: datasets.artifact_checks()["hidden"]),
-    }
+        for ref in candidates:
+            if ref is not None and repos.get(ref) is None:
+                repos[ref] = builders.get(ref.repo_id.split("/", 1)[1])
+    return repos
 
 
 @contextmanager
@@ -98,11 +80,11 @@ def materialize_assets(
     """
     root = assets_dir if assets_dir is not None else default_assets_dir()
     say: Progress = progress if progress is not None else (lambda _message: None)
-    builders = _builders()
-    repos = [LocalRepo(ref=ref, path=repo_path(root, ref)) for ref in referenced_repos()]
-    missing = [repo.ref for repo in repos if repo.ref not in builders]
+    builders = _repo_builders()
+    repos = [LocalRepo(ref=ref, path=repo_path(root, ref)) for ref in builders]
+    missing = [f"{ref.kind} {ref.repo_id}" for ref, build in builders.items() if build is None]
     if missing:
-        raise RuntimeError(f"no local builder for {missing}")
+        raise RuntimeError(f"no builder for {', '.join(missing)}: its task's plugin names none")
     if all(repo.path.is_dir() for repo in repos):
         return repos
     with _exclusive(root / ".lock"):
@@ -115,7 +97,9 @@ def materialize_assets(
             scratch = repo.path.with_name(f".{repo.path.name}.partial")
             shutil.rmtree(scratch, ignore_errors=True)
             scratch.mkdir(parents=True)
-            builders[repo.ref](scratch, say)
+            build = builders[repo.ref]
+            assert build is not None
+            build(scratch, say)
             scratch.rename(repo.path)
             say(f"built    {repo.ref.repo_id} in {time.monotonic() - started:.1f}s")
     return repos

@@ -1,0 +1,94 @@
+"""The tasks the project ships, registered like any plugin (see `graders.tasks.TaskPlugin`).
+
+Their repos are built by `graders.assets.builtin`; this module stays light, because the operator and
+the gateway import it.
+"""
+
+from __future__ import annotations
+
+from graders.tasks import AssetLocation, Task, TaskLimits, TaskPlugin
+
+_ARTIFACT_DESCRIPTION = """\
+Produce an artifact from a dataset. No model is involved.
+
+Input: the dataset mounted at $POSTTRAIN_INPUT_RECORDS holds `data.jsonl`, one JSON object per line:
+{"key": "<string>", "value": <integer>}.
+
+Submit a job that writes the file `answer.json` directly in $POSTTRAIN_OUTPUT_DIR: one JSON object
+mapping every distinct key of the input to the sum of the values on its lines, as an integer, e.g.
+{"k00": 1234, "k01": -56}. Then call `dev_evaluate` with that job to check it, and `submit` it.
+The score is 1 when every key is present with its exact sum, else 0. The output dir must hold no
+symlinks and no pickle files (*.bin, *.pt, *.pth, *.pkl, *.pickle, *.ckpt, *.joblib, *.npy, *.npz).
+"""
+
+_ARITHMETIC_DESCRIPTION = """\
+Post-train a tiny character-level causal LM (LlamaForCausalLM, about 0.6 M parameters) to answer
+additions of two integers from 0 to 19 in an exact format. The base model knows sums in the format
+`a+b=s` but not the required one.
+
+Prompt (exactly, no trailing space):  "Q: {a}+{b}\\nA:"
+Required completion (greedy decoding):  " #### {a+b}" followed by the end-of-sequence token
+(a newline also ends the answer). Example: "Q: 3+14\\nA:" -> " #### 17". Anything else is wrong.
+The score is the exact-match accuracy on a hidden split of such prompts.
+
+Inputs of your jobs (read-only): the base model (config, tokenizer, safetensors weights) at
+$POSTTRAIN_INPUT_MODEL; training data at $POSTTRAIN_INPUT_TRAIN/data.jsonl and the public dev split at
+$POSTTRAIN_INPUT_DEV/data.jsonl, one JSON object per line: {"prompt": ..., "completion": ...}
+(the dev split has {"prompt": ..., "answer": ...}). Jobs have no network and run on CPU.
+
+Your checkpoint is the output dir ($POSTTRAIN_OUTPUT_DIR) of a job: write the weights there with
+`model.save_pretrained(os.environ["POSTTRAIN_OUTPUT_DIR"])` (safetensors). Only `*.safetensors` files
+directly in that dir are read; the architecture, config and tokenizer always come from the base model,
+so every tensor name and shape must match it exactly (no missing or extra tensors). An output dir with
+symlinks or pickle files (*.bin, *.pt, *.pth, *.pkl, *.pickle, *.ckpt, *.joblib, *.npy, *.npz) is
+rejected with score 0. Check a checkpoint with `dev_evaluate`, then `submit` the job whose outputs
+hold your final checkpoint.
+"""
+
+
+def _artifact(assets: AssetLocation) -> Task:
+    return Task(
+        name="t0_artifact",
+        description=_ARTIFACT_DESCRIPTION,
+        base_model=None,
+        agent_datasets={"records": assets.dataset("t0-artifact-records")},
+        dev_split=assets.dataset("t0-artifact-dev-checks"),
+        hidden_split=assets.dataset("t0-artifact-hidden-checks"),
+        default_flavors=["cpu-basic", "cpu-upgrade"],
+        # A correct job runs in seconds; 10 minute jobs on cpu-upgrade reserve $0.005 each.
+        limits=TaskLimits(
+            max_steps=30, max_wall_seconds=1200, max_concurrent_jobs=2, max_job_timeout_seconds=600
+        ),
+        default_budget_usd="0.05",
+        scoring_timeout_seconds=300,
+        grader="graders.artifact",
+    )
+
+
+def _arithmetic_format(assets: AssetLocation) -> Task:
+    return Task(
+        name="t0_arithmetic_format",
+        description=_ARITHMETIC_DESCRIPTION,
+        base_model=assets.model("t0-arithmetic-base"),
+        agent_datasets={
+            "train": assets.dataset("t0-arithmetic-train"),
+            "dev": assets.dataset("t0-arithmetic-dev"),
+        },
+        dev_split=assets.dataset("t0-arithmetic-dev"),
+        hidden_split=assets.dataset("t0-arithmetic-hidden"),
+        default_flavors=["cpu-basic", "cpu-upgrade"],
+        # An SFT that reaches the bar takes a few minutes; a 30 minute cpu-upgrade job reserves
+        # $0.015, so the budget covers about 15 worst-case jobs plus dev evaluations.
+        limits=TaskLimits(
+            max_steps=60, max_wall_seconds=3600, max_concurrent_jobs=2, max_job_timeout_seconds=1800
+        ),
+        default_budget_usd="0.25",
+        scoring_timeout_seconds=900,
+        grader="graders.arithmetic_format",
+    )
+
+
+BUILTIN_TASKS = (
+    TaskPlugin(define=_artifact, assets="graders.assets.builtin"),
+    TaskPlugin(define=_arithmetic_format, assets="graders.assets.builtin"),
+)
