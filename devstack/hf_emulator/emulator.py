@@ -18,6 +18,8 @@ from typing import Any
 from devstack.hf_emulator.errors import ApiError
 from devstack.hf_emulator.faults import JOB_FAULTS, Fault, FaultBook
 from devstack.hf_emulator.http_api import EmulatorServer
+from devstack.hf_emulator.hub_api import DEFAULT_MAX_COMMIT_BYTES
+from devstack.hf_emulator.hub_repos import HubRepos
 from devstack.hf_emulator.isolation import isolation_for
 from devstack.hf_emulator.job_state import Job, request_end
 from devstack.hf_emulator.jobs import CONFIRM_SECONDS, KILL_GRACE_SECONDS, JobRunner, RunnerConfig
@@ -75,10 +77,12 @@ class HfEmulator:
         isolate: bool | None = None,
         max_job_memory_bytes: int | None = None,
         max_job_processes: int | None = None,
+        max_commit_bytes: int = DEFAULT_MAX_COMMIT_BYTES,
     ) -> None:
         """`isolate`: run each job in namespaces and a cgroup of its own (`jobs.py`); the default is
         to do so when running as root. `max_job_memory_bytes` and `max_job_processes` cap what a
-        flavor gives a job, for a machine smaller than the flavors (default: the host's memory)."""
+        flavor gives a job, for a machine smaller than the flavors (default: the host's memory).
+        `max_commit_bytes` caps the body of a Hub commit (its files, base64-encoded)."""
         self.data_dir = _prepare_data_dir(Path(data_dir))
         self.token = token
         self.namespace = namespace
@@ -89,6 +93,8 @@ class HfEmulator:
         self.keepalive_seconds = keepalive_seconds
         self.metrics_interval = metrics_interval
         self.repos = RepoStore(self.data_dir / "repos")
+        self.hub = HubRepos(self.repos)
+        self.max_commit_bytes = max_commit_bytes
         self.faults = FaultBook()
         self.isolation = isolation_for(execute, isolate, max_job_memory_bytes, max_job_processes)
         self.runner_config = RunnerConfig(

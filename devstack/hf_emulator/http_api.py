@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from devstack.hf_emulator import buckets, records, routes
+from devstack.hf_emulator import buckets, hub_api, records, routes, streams
 from devstack.hf_emulator.errors import ApiError
 from devstack.hf_emulator.faults import Fault
 from devstack.hf_emulator.hardware import hardware_list
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEALTH_PATH = "/_emulator/health"
+MAX_BODY_BYTES = 16 << 20  # every body but a commit's (`HfEmulator.max_commit_bytes`)
+MAX_DRAINED_BYTES = 1 << 30
 
 
 class EmulatorServer(ThreadingHTTPServer):
@@ -91,20 +93,20 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, data: object, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(data).encode(), headers=headers)
 
-    def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        self._json(status, {"error": message}, headers)
+    def _error(self, status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> None:
+        self._json(status, {"error": message, **extra}, headers)
 
-    def _start_sse(self) -> None:
+    def start_sse(self) -> None:
         self._start(200, "text/event-stream", {"Cache-Control": "no-cache", "Connection": "close"})
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self.close_connection = True
 
-    def _chunk(self, data: bytes) -> None:
+    def chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def _end_chunks(self) -> None:
+    def end_chunks(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
@@ -114,19 +116,21 @@ class _Handler(BaseHTTPRequestHandler):
         emu = self.server.emulator
         split = urlsplit(self.path)
         query = parse_qs(split.query, keep_blank_values=True)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        matched = routes.match(self.command, split.path)
+        route = matched.key if matched else routes.unmatched(self.command)
         try:
+            body = self._read_body(emu.max_commit_bytes if route == routes.COMMIT else MAX_BODY_BYTES)
             if split.path.startswith("/_emulator/"):
                 # Health is for readiness probes; the rest registers host directories, injects
                 # faults and serves the request log: only for whoever holds the token.
-                if split.path != HEALTH_PATH and not self._authorized(emu):
+                if body is None or (split.path != HEALTH_PATH and not self._authorized(emu)):
                     return
                 _admin(self, emu, split.path, query, body)
                 return
-            matched = routes.match(self.command, split.path)
-            route = matched.key if matched else routes.unmatched(self.command)
-            emu.record_request(self.command, self.path, route, list(self.headers.items()), body)
+            recorded = (body or b"")[: records.MAX_RECORDED_BODY_BYTES]
+            emu.record_request(self.command, self.path, route, list(self.headers.items()), recorded)
+            if body is None:
+                return
             fault = emu.faults.take_request_fault(route)
             if fault is not None and fault.kind == "lose_response":
                 # Process the request into a buffer nobody reads, then hang up without answering.
@@ -161,7 +165,28 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             _api(self, emu, matched, query, body)
         except ApiError as reply:
-            self._error(reply.status, reply.message, reply.headers)
+            self._error(reply.status, reply.message, reply.headers, **reply.extra)
+
+    def _read_body(self, limit: int) -> bytes | None:
+        """The request body, or None once a 400/413 has been sent for it."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            self._error(400, "Content-Length must be a non-negative integer")
+            return None
+        if length <= limit:
+            return self.rfile.read(length) if length else b""
+        # Read what was sent before answering (up to a bound): a client cut off while it is still
+        # sending sees a broken connection, which it retries, instead of the 413.
+        self.close_connection = True
+        remaining = length if length <= MAX_DRAINED_BYTES else 0
+        while remaining > 0 and (chunk := self.rfile.read(min(1 << 20, remaining))):
+            remaining -= len(chunk)
+        self._error(413, f"Payload Too Large: the body is {length} bytes, more than the {limit} taken here")
+        return None
 
     def _authorized(self, emu: HfEmulator) -> bool:
         """Whether the request carries the token; if not, a 401 has been sent."""
@@ -210,11 +235,15 @@ def _int_param(query: dict[str, list[str]], name: str) -> int | None:
         raise ApiError(400, f"{name} must be an integer") from exc
 
 
+def _base_url(handler: _Handler) -> str:
+    host = handler.headers.get("Host") or "{}:{}".format(*handler.server.server_address[:2])
+    return f"http://{host}"
+
+
 def _link(handler: _Handler, query: dict[str, list[str]], cursor: str) -> str:
     params = [(k, v) for k, vs in query.items() if k != "cursor" for v in vs] + [("cursor", cursor)]
-    host = handler.headers.get("Host") or "{}:{}".format(*handler.server.server_address[:2])
     path = urlsplit(handler.path).path
-    return f'<http://{host}{path}?{urlencode(params)}>; rel="next"'
+    return f'<{_base_url(handler)}{path}?{urlencode(params)}>; rel="next"'
 
 
 def _api(h: _Handler, emu: HfEmulator, m: routes.Match, query: dict[str, list[str]], body: bytes) -> None:
@@ -248,9 +277,12 @@ def _api(h: _Handler, emu: HfEmulator, m: routes.Match, query: dict[str, list[st
     elif m.key == routes.CANCEL_JOB:
         h._json(200, emu.cancel_job(p["namespace"], p["job_id"]))
     elif m.key == routes.JOB_LOGS:
-        _stream_logs(h, emu, p["namespace"], p["job_id"], query)
+        streams.stream_logs(h, emu, p["namespace"], p["job_id"], query)
     elif m.key == routes.JOB_METRICS:
-        _stream_metrics(h, emu, p["namespace"], p["job_id"])
+        streams.stream_metrics(h, emu, p["namespace"], p["job_id"])
+    elif m.key in routes.HUB_ROUTES:
+        data, headers = hub_api.handle(emu, m, query, body, _base_url(h), lambda c: _link(h, query, c))
+        h._json(200, data, headers)
     else:
         _serve_bucket(h, emu, m, query)
 
@@ -304,61 +336,6 @@ def _send_file(h: _Handler, path: Path) -> None:
                 break
             h.wfile.write(chunk)
             remaining -= len(chunk)
-
-
-def _stream_logs(
-    h: _Handler, emu: HfEmulator, namespace: str, job_id: str, query: dict[str, list[str]]
-) -> None:
-    with emu.cond:
-        job = emu.visible_job(namespace, job_id)
-        idx = 0
-        if query.get("tail"):
-            try:
-                tail = int(query["tail"][0])
-            except ValueError as exc:
-                raise ApiError(400, "tail must be an integer") from exc
-            idx = max(0, len(job.logs) - max(0, tail))
-    h._start_sse()
-    # Every connection replays the log from its start: the client deduplicates by event index.
-    while True:
-        keepalive_at = time.monotonic() + emu.keepalive_seconds
-        with emu.cond:
-            while not (emu.stopping or len(job.logs) > idx or job.terminal or job.vanished(time.time())):
-                remaining = keepalive_at - time.monotonic()
-                if remaining <= 0:
-                    break
-                emu.cond.wait(remaining)
-            batch = job.logs[idx:]
-            idx += len(batch)
-            finished = emu.stopping or job.terminal or job.vanished(time.time())
-        if batch:
-            h._chunk(b"".join(b"data: %s\n\n" % json.dumps(line.to_event()).encode() for line in batch))
-        elif not finished:
-            h._chunk(b": keep-alive\n\n")
-        if finished:
-            break
-    h._end_chunks()
-
-
-def _stream_metrics(h: _Handler, emu: HfEmulator, namespace: str, job_id: str) -> None:
-    with emu.cond:
-        job = emu.visible_job(namespace, job_id)
-        if job.terminal:
-            raise ApiError(406, "Job is not running")
-    h._start_sse()
-    prev: tuple[float, float] | None = None
-    while True:
-        with emu.cond:
-            finished = emu.stopping or job.terminal or job.vanished(time.time())
-            running = job.stage == "RUNNING"
-        if finished:
-            break
-        if running:
-            sample, prev = records.metrics_sample(job, prev)
-            h._chunk(b"event: metric\ndata: %s\n\n" % json.dumps(sample).encode())
-        with emu.cond:
-            emu.cond.wait(emu.metrics_interval)
-    h._end_chunks()
 
 
 def _admin(h: _Handler, emu: HfEmulator, path: str, query: dict[str, list[str]], body: bytes) -> None:

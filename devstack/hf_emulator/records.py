@@ -17,6 +17,8 @@ from devstack.hf_emulator.hardware import FLAVORS
 from devstack.hf_emulator.job_state import Job, iso_z
 
 MAX_RECORDED_REQUESTS = 100_000
+# A commit's body carries whole files; the log keeps its start (every Jobs API body fits whole).
+MAX_RECORDED_BODY_BYTES = 1 << 20
 REDACTED_TOKEN = "[token]"
 
 

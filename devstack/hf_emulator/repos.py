@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import stat
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
-from devstack.hf_emulator.trees import make_read_only, remove_tree
+from devstack.hf_emulator.trees import make_read_only, make_writable, remove_tree
 
 __all__ = ["REPO_KINDS", "RepoNotFound", "RepoStore", "make_read_only", "remove_tree"]
 
@@ -63,6 +65,52 @@ class RepoStore:
             staging.rename(target)
             self._repos[key] = target
         return target
+
+    def staging_dir(self, kind: str) -> Path:
+        """A fresh directory inside the store (so jobs cannot see it) to build a tree for `add_tree`."""
+        self._key(kind, "", None)
+        path = self.root / kind / f".staging-{secrets.token_hex(8)}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700)
+        return path
+
+    def stage_copy(self, kind: str, repo_id: str, revision: str) -> Path:
+        """A staging dir holding `revision`'s tree to build the next one in: its folders writable,
+        its files hard links to the stored ones, so a file is replaced, never written."""
+        source = self.lookup(kind, repo_id, revision)
+        staging = self.staging_dir(kind)
+        try:
+            shutil.copytree(source, staging, dirs_exist_ok=True, copy_function=_link_or_copy)
+            make_writable(staging)
+        except BaseException:
+            remove_tree(staging)
+            raise
+        return staging
+
+    def add_tree(self, kind: str, repo_id: str, revisions: Sequence[str], staging: Path) -> Path:
+        """Move `staging` (from `staging_dir`) into the store, read-only, as `repo_id` at each of
+        `revisions` (one tree, several names: a commit id and the branch it is the head of)."""
+        keys = [self._key(kind, repo_id, r) for r in revisions]
+        digest = hashlib.sha256("\0".join(keys[0]).encode()).hexdigest()[:16]
+        target = self.root / kind / digest
+        make_read_only(staging)
+        with self._lock:
+            remove_tree(target)
+            staging.rename(target)
+            for key in keys:
+                self._repos[key] = target
+        return target
+
+    def alias(self, kind: str, repo_id: str, revision: str, existing: str) -> None:
+        """Register the tree of `existing` under `revision` too (a tag, or a branch moved to it)."""
+        path = self.lookup(kind, repo_id, existing)
+        with self._lock:
+            self._repos[self._key(kind, repo_id, revision)] = path
+
+    def knows(self, kind: str, repo_id: str) -> bool:
+        """Whether any revision of `repo_id` is registered."""
+        with self._lock:
+            return any(k[:2] == (kind, repo_id) for k in self._repos)
 
     def lookup(self, kind: str, repo_id: str, revision: str | None) -> Path:
         key = self._key(kind, repo_id, revision)

@@ -22,6 +22,27 @@ BUCKET_TREE_ROOT = "GET /api/buckets/{namespace}/{bucket}/tree"
 BUCKET_TREE = "GET /api/buckets/{namespace}/{bucket}/tree/{path}"
 BUCKET_RESOLVE = "GET /buckets/{namespace}/{bucket}/resolve/{path}"
 BUCKET_RESOLVE_HEAD = "HEAD /buckets/{namespace}/{bucket}/resolve/{path}"
+# The Hub's repository API (`hub_api.py`); {repo_type} is "models", "datasets" or "spaces".
+CREATE_REPO = "POST /api/repos/create"
+REPO_INFO = "GET /api/{repo_type}/{namespace}/{repo}"
+REPO_INFO_AT = "GET /api/{repo_type}/{namespace}/{repo}/revision/{revision}"
+REPO_REFS = "GET /api/{repo_type}/{namespace}/{repo}/refs"
+REPO_TREE_ROOT = "GET /api/{repo_type}/{namespace}/{repo}/tree/{revision}"
+REPO_TREE = "GET /api/{repo_type}/{namespace}/{repo}/tree/{revision}/{path}"
+PREUPLOAD = "POST /api/{repo_type}/{namespace}/{repo}/preupload/{revision}"
+COMMIT = "POST /api/{repo_type}/{namespace}/{repo}/commit/{revision}"
+CREATE_TAG = "POST /api/{repo_type}/{namespace}/{repo}/tag/{revision}"
+HUB_ROUTES = (
+    CREATE_REPO,
+    REPO_INFO,
+    REPO_INFO_AT,
+    REPO_REFS,
+    REPO_TREE_ROOT,
+    REPO_TREE,
+    PREUPLOAD,
+    COMMIT,
+    CREATE_TAG,
+)
 
 # Order matters: fixed segments ("hardware", "count") before the parameters they would match.
 ALL_ROUTES = (
@@ -41,6 +62,7 @@ ALL_ROUTES = (
     BUCKET_TREE,
     BUCKET_RESOLVE,
     BUCKET_RESOLVE_HEAD,
+    *HUB_ROUTES,
 )
 
 
@@ -50,10 +72,13 @@ class Match:
     params: dict[str, str]
 
 
+_PARAM_PATTERNS = {"path": ".*", "repo_type": "models|datasets|spaces"}
+
+
 def _compile(template: str) -> re.Pattern[str]:
     pattern = re.sub(
         r"\{(\w+)\}",
-        lambda m: f"(?P<{m.group(1)}>.*)" if m.group(1) == "path" else f"(?P<{m.group(1)}>[^/]+)",
+        lambda m: f"(?P<{m.group(1)}>{_PARAM_PATTERNS.get(m.group(1), '[^/]+')})",
         template,
     )
     return re.compile(f"^{pattern}$")

@@ -232,3 +232,69 @@ def parse_job_spec(body: object) -> JobSpec:
         space_id=space if isinstance(space, str) and space else None,
         extra={k: body[k] for k in ("expose", "ssh", "network", "resourceGroupId", "arch") if k in body},
     )
+
+
+# -- the Hub's repository write API (`hub_api.py`) --------------------------------------------------
+
+# A new repo's name, as the Hub allows it: alphanumerics and "-_.", neither starting nor ending with
+# "-" or ".", no "--" or "..", at most 96 characters.
+REPO_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
+# Tags and branches: one path segment of git-safe characters; "/" would make names ambiguous in URLs.
+REF_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9_])?$")
+COMMIT_OID_RE = re.compile(r"^[0-9a-f]{40}$")
+MAX_REPO_PATH = 1024
+_FORBIDDEN_SEGMENTS = (".git", ".cache")  # as the client's FORBIDDEN_FOLDERS
+
+
+def check_repo_name(name: object) -> str:
+    if (
+        not isinstance(name, str)
+        or not REPO_NAME_RE.match(name)
+        or "--" in name
+        or ".." in name
+        or name.endswith(".git")
+    ):
+        raise SpecError(
+            "repo name must be 1-96 characters of [A-Za-z0-9._-], start and end with an alphanumeric, "
+            "and hold no '--' or '..'"
+        )
+    return name
+
+
+def check_ref_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not REF_NAME_RE.match(name) or ".." in name or name.endswith(".lock"):
+        raise SpecError(f"{what} must be 1-128 characters of [A-Za-z0-9._-] starting with an alphanumeric")
+    if COMMIT_OID_RE.match(name):
+        raise SpecError(f"{what} must not look like a commit id (40 hex characters)")
+    return name
+
+
+def check_repo_path(path: object, what: str = "path", *, folder: bool = False) -> str:
+    """A file's path in a repository: relative, '/'-separated, every segment a real name.
+
+    `folder`: a trailing '/' (how the client marks a folder deletion) is allowed and removed.
+    """
+    if not isinstance(path, str):
+        raise SpecError(f"{what} must be a string")
+    if folder and path.endswith("/"):
+        path = path[:-1]
+    problem = None
+    if not path:
+        problem = "is empty"
+    elif len(path.encode()) > MAX_REPO_PATH:
+        problem = f"is longer than {MAX_REPO_PATH} bytes"
+    elif path.startswith("/"):
+        problem = "is absolute"
+    elif "\\" in path or "\0" in path:
+        problem = "holds a backslash or NUL"
+    else:
+        segments = path.split("/")
+        if any(s in ("", ".", "..") for s in segments):
+            problem = "has an empty, '.' or '..' segment"
+        elif any(s in _FORBIDDEN_SEGMENTS for s in segments):
+            problem = "lies under a .git/ or .cache/ folder"
+        elif any(len(s.encode()) > 255 for s in segments):
+            problem = "has a segment longer than 255 bytes"
+    if problem is not None:
+        raise SpecError(f"{what} {path[:200]!r} {problem}")
+    return path
