@@ -3,6 +3,9 @@
 with HfEmulator(tmp_dir) as emu:
     api = HfApi(endpoint=emu.url, token=emu.token)
     api.run_job(image="...", command=["python", "-c", "print(1)"], namespace=emu.namespace)
+
+Repos that jobs mount are published with the same client (`create_repo`, `upload_folder`,
+`create_tag`; `hub_api.py`), or registered from a host directory (`emu.repos.register`).
 """
 
 from devstack.hf_emulator import routes

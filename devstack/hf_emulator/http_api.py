@@ -185,7 +185,8 @@ class _Handler(BaseHTTPRequestHandler):
         remaining = length if length <= MAX_DRAINED_BYTES else 0
         while remaining > 0 and (chunk := self.rfile.read(min(1 << 20, remaining))):
             remaining -= len(chunk)
-        self._error(413, f"Payload Too Large: the body is {length} bytes, more than the {limit} taken here")
+        message = f"Payload Too Large: the body is {length} bytes, more than the {limit} taken here"
+        self._error(413, message, {"X-Error-Message": message})
         return None
 
     def _authorized(self, emu: HfEmulator) -> bool:

@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 from devstack.hf_emulator import routes
 from devstack.hf_emulator.errors import ApiError
-from devstack.hf_emulator.hub_repos import AddFile, Commit, Delete, HubRepo, Operation, hub_error
+from devstack.hf_emulator.hub_repos import (
+    DEFAULT_BRANCH,
+    AddFile,
+    Commit,
+    Delete,
+    HubRepo,
+    Operation,
+    hub_error,
+)
 from devstack.hf_emulator.job_state import iso_z
 from devstack.hf_emulator.validation import (
     COMMIT_OID_RE,
@@ -64,7 +72,7 @@ def handle(
         if m.key in (routes.PREUPLOAD, routes.COMMIT, routes.CREATE_TAG):
             _check_writable(emu, namespace, f"{kind} {repo_id}")
         repo = emu.hub.get(kind, repo_id)
-        revision = p.get("revision", "main")
+        revision = p.get("revision", DEFAULT_BRANCH)
         if m.key in (routes.REPO_INFO, routes.REPO_INFO_AT):
             return _info(repo, repo.resolve(revision), blobs=_flag(query, "blobs")), None
         if m.key == routes.REPO_REFS:

@@ -1,5 +1,8 @@
 """Local stand-ins for Hub model/dataset repositories, mounted read-only into jobs.
 
+A repository's trees come from host directories (`register`: `POST /_emulator/repos`, `--repo`) or
+from commits made through the Hub's API (`hub_repos.py`), each commit a whole tree of its own.
+
 The store directory is mode 0700: jobs run under the launcher, which drops to uid 10000, and must not
 be able to browse repositories other than those mounted into them. Files are root-owned (when the
 emulator runs as root) and read-only; each job gets hard links (or copies across file systems) laid
