@@ -40,6 +40,7 @@ class Play:
     key: str
     sent: list[tuple[int, list[str]]] = field(default_factory=list)  # (turn, the call ids sent)
     answers: dict[str, Any] = field(default_factory=dict)  # recorded call id -> its latest answer
+    tokens: int = 0  # the usage reported, summed
 
     @property
     def turns_played(self) -> list[int]:
@@ -100,14 +101,14 @@ class Conversation:
         return self._completion(play, turn, body)
 
     def _check_tools(self, tools: Any) -> None:
-        names = []
+        names: list[str] = []
         for tool in tools or []:
             function = tool.get("function") if isinstance(tool, dict) else None
             if not isinstance(function, dict) or tool.get("type") != "function":
                 raise Mismatch(f"a tool that is not a function: {json.dumps(tool)[:300]}")
             if not isinstance(function.get("parameters"), dict):
                 raise Mismatch(f"tool {function.get('name')!r} has no parameters schema")
-            names.append(function.get("name"))
+            names.append(str(function.get("name")))
         if sorted(names) != self.tools:
             raise Mismatch(f"tools offered {sorted(names)}, but the recording offered {self.tools}")
 
@@ -162,7 +163,7 @@ class Conversation:
 
     def _completion(self, play: Play, turn: int, body: dict[str, Any]) -> dict[str, Any]:
         repeats = sum(1 for sent, _ in play.sent if sent == turn)
-        calls = []
+        calls: list[dict[str, Any]] = []
         for call in self.turns[turn]["tool_calls"]:
             call_id = call["id"] if not repeats else f"{call['id']}~{repeats + 1}"
             arguments = self._fill(play, call["arguments"])
@@ -176,6 +177,7 @@ class Conversation:
         # Token counts are estimated (4 characters a token), so that a token budget has something to sum.
         prompt = len(json.dumps(body["messages"])) // 4
         completion = len(json.dumps(message)) // 4
+        play.tokens += prompt + completion
         return {
             "id": f"chatcmpl-replay-{len(play.sent)}",
             "object": "chat.completion",

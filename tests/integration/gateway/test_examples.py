@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -50,9 +51,13 @@ def episode(kubectl: Kubectl, gw: GatewayServer, name: str) -> dict[str, Any]:
     return body
 
 
-def ended_at(body: dict[str, Any]) -> str:
+def started_at(body: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(body["status"]["startedAt"])
+
+
+def ended_at(body: dict[str, Any]) -> datetime:
     [ended] = [c for c in body["status"]["conditions"] if c["type"] == "Ended" and c["status"] == "True"]
-    return str(ended["lastTransitionTime"])
+    return datetime.fromisoformat(ended["lastTransitionTime"])
 
 
 def assert_settled(spend: dict[str, Any]) -> None:
@@ -78,8 +83,11 @@ def test_llm_agent_plays_the_recorded_conversation_to_reward_one(
     assert sorted(set(play.turns_played)) == list(range(RECORDED_TURNS))
     assert play.turns_played == sorted(play.turns_played)
     assert run["turns"] == run["tool_calls"] == len(play.turns_played)
-    assert run["tokens"] > 0  # the endpoint's usage, summed
+    assert run["tokens"] == play.tokens > 0  # the endpoint's usage, summed
     assert_settled(run["service_spend"])
+    # Each tool message held the observation and the episode's spend at that step.
+    assert play.answers["call_train"]["observation"]["job"]["purpose"] == "train"
+    assert all(Decimal(a["service_spend"]["budget_usd"]) > 0 for a in play.answers.values())
     # The gateway counted exactly the calls the model made, and the Episode holds the same reward.
     body = episode(kubectl, executing_gateway, run["episode"])
     assert body["status"]["steps"] == run["tool_calls"]
@@ -194,7 +202,7 @@ def test_trl_loop_plays_three_rollouts_in_parallel_each_to_reward_one(
     for row, body in zip(rows, bodies, strict=True):
         assert body["status"]["reward"] == "1" and body["status"]["steps"] == int(row["steps"])
     # In parallel: every episode had started before any of them ended.
-    assert max(b["status"]["startedAt"] for b in bodies) <= min(ended_at(b) for b in bodies)
+    assert max(map(started_at, bodies)) <= min(map(ended_at, bodies))
 
 
 HARNESS_ROW = re.compile(r"^\s*(?P<index>\d+)\s+(?P<episode>\S+)\s+(?P<reward>\S+)\s+(?P<outcome>\S+)"
