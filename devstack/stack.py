@@ -159,7 +159,7 @@ def up() -> StackState:
     # The namespace the local operator watches is the kubeconfig's default, so the README's plain
     # `kubectl apply -f examples/...` lands where it is reconciled.
     _kubectl(kube, "config", "set-context", "--current", f"--namespace={DEMO_NAMESPACE}")
-    _install_chart_cluster_objects(kube)
+    task_policy = _install_chart_cluster_objects(kube)
     log("building or reusing the task assets (tiny model, datasets)")
     assets = materialize_assets(progress=lambda message: log(message))
 
@@ -169,7 +169,7 @@ def up() -> StackState:
     pids: dict[str, int] = {}
     try:
         emulator_url, hf_token = _start_emulator(pids, base_env, data_dir, assets)
-        broker_url = _start_operator(pids, base_env, kube, emulator_url, hf_token)
+        broker_url = _start_operator(pids, base_env, kube, emulator_url, hf_token, task_policy)
         gateway_url, orchestrator_token = _start_gateway(pids, base_env, kube, broker_url)
     except BaseException:
         cluster.stop_pids(list(pids.values()))
@@ -206,11 +206,16 @@ def chart_cluster_objects() -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _install_chart_cluster_objects(kube: cluster.ClusterState) -> None:
+def _install_chart_cluster_objects(kube: cluster.ClusterState) -> str:
+    """Installs them; returns the name of the task admission policy, into which the operator writes
+    its registered tasks as the chart's would."""
     objects = chart_cluster_objects()
     _kubectl(
         kube, "apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(objects)
     )
+    policies = [d for d in objects if d["kind"] == "ValidatingAdmissionPolicy"]
+    name: str = next(d["metadata"]["name"] for d in policies if d["spec"].get("variables"))
+    return name
 
 
 def _start_emulator(
@@ -244,6 +249,7 @@ def _start_operator(
     kube: cluster.ClusterState,
     emulator_url: str,
     hf_token: str,
+    task_policy: str,
 ) -> str:
     """Its broker's URL. It runs as the chart's operator ServiceAccount, with the chart's RBAC."""
     logs = run_root() / "stack-logs"
@@ -266,6 +272,7 @@ def _start_operator(
         POSTTRAIN_BROKER_ALLOWED_USERS=json.dumps([gateway_user]),
         POSTTRAIN_METRICS_HOST="127.0.0.1",
         POSTTRAIN_METRICS_PORT=str(cluster.free_port()),
+        POSTTRAIN_TASK_POLICY_NAME=task_policy,
     )
     pids["operator"] = _spawn(
         "operator",

@@ -210,11 +210,12 @@ def _registry() -> dict[str, RegisteredTask]:
     tasks: dict[str, RegisteredTask] = {}
     for source, expected_name, plugin in candidates:
         try:
-            task = plugin.define(location)
+            defined = plugin.define(location)
+            if not isinstance(defined, Task):
+                raise TypeError(f"define() returned a {type(defined).__name__}, not a Task")
+            task = Task.model_validate(defined.model_dump())  # again: model_copy() does not validate
         except Exception as exc:
             raise TaskRegistryError(f"{source}: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(task, Task):
-            raise TaskRegistryError(f"{source}: define() returned a {type(task).__name__}, not a Task")
         if expected_name is not None and task.name != expected_name:
             raise TaskRegistryError(f"{source}: defines task {task.name!r}; name the entry point after it")
         if task.name in tasks:

@@ -45,10 +45,16 @@ ETC_FILES = {
 # RLIMIT_NPROC rule, so the cgroup (whose hits the emulator sees) trips first.
 PROCESSES_PER_CPU = 256
 
+# Besides the path and prefixes: the packages of the installed task plugins (entry points of group
+# posttrain.tasks), which a lab's launcher image carries installed, and a checkout may hold editable.
 _PROBE = (
     "import json, os, sys\n"
+    "from importlib import metadata\n"
     "prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}\n"
-    "print(json.dumps({'path': sys.path, 'prefixes': sorted(os.path.realpath(p) for p in prefixes)}))\n"
+    "entries = metadata.entry_points(group='posttrain.tasks')\n"
+    "plugins = sorted({e.value.split(':')[0].split('.')[0] for e in entries})\n"
+    "print(json.dumps({'path': sys.path, 'prefixes': sorted(os.path.realpath(p) for p in prefixes),"
+    " 'plugins': plugins}))\n"
 )
 
 
@@ -86,7 +92,8 @@ def python_binds(interpreter: str) -> list[Bind]:
     """Read-only binds that make `interpreter` work as it does on the host, and no more.
 
     The interpreter's own prefixes (a venv and its base) and every site-packages dir on its path are
-    bound whole; from any other directory on its path (a source checkout) only IMAGE_PACKAGES. The
+    bound whole; from any other directory on its path (a source checkout) only IMAGE_PACKAGES and the
+    packages of installed task plugins. The
     probe runs isolated (`-I`): a job's PYTHONPATH, which a client chooses, never widens the view,
     and no code of its choosing runs on the host.
     """
@@ -114,7 +121,7 @@ def python_binds(interpreter: str) -> list[Bind]:
             sources.append(real)
             covered.append(real)
             continue
-        for package in IMAGE_PACKAGES:
+        for package in (*IMAGE_PACKAGES, *info["plugins"]):
             candidate = os.path.join(real, package)
             if os.path.isdir(candidate) and not _under(candidate, covered):
                 sources.append(candidate)

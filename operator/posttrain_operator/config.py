@@ -111,6 +111,10 @@ class OperatorSettings(BaseSettings):
     lease_duration_seconds: float = Field(default=15.0, ge=2)
     lease_renew_seconds: float = Field(default=5.0, gt=0)
 
+    # The chart's ValidatingAdmissionPolicy that refuses an Episode naming a task not registered here:
+    # the operator writes its registered tasks into it at start (unset: nothing to write).
+    task_policy_name: str | None = None
+
     # How long kopf keeps the credentials it logged in with before logging in again (rereading a
     # rotated ServiceAccount token, or a kubeconfig's tokenFile) rather than waiting for a 401.
     credentials_refresh_seconds: float = Field(default=60.0, gt=0)

@@ -28,7 +28,7 @@ from posttrain_operator.reconcile.ending import finalize_episode
 from posttrain_operator.reconcile.episode import reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
-from posttrain_operator.runtime import build_context, check_backends, serve_metrics
+from posttrain_operator.runtime import build_context, check_backends, publish_registered_tasks, serve_metrics
 
 EPISODES = (GROUP, VERSION, "episodes")
 AGENTJOBS = (GROUP, VERSION, "agentjobs")
@@ -103,9 +103,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             config.leader_election_identity, config.lease_duration_seconds, config.lease_renew_seconds,
         )  # fmt: skip
         await memo.leadership.acquire(retry_every=config.lease_renew_seconds)
+        await publish_registered_tasks(memo.ctx)  # before this replica reports ready
         memo.ctx.standby = False
         memo.keeper = asyncio.create_task(memo.leadership.keep(on_lost=_lost_leadership))
     else:
+        await publish_registered_tasks(memo.ctx)
         memo.broker = await broker.serve(memo.ctx)
     memo.active = ActiveJobs()
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))

@@ -1,7 +1,7 @@
 """Kubernetes API calls the operator makes beyond kopf's own: reads, compare-and-swap status writes,
-merge patches, creates, Events, TokenReviews and SubjectAccessReviews. Nothing here decides
-anything, and no other module of the operator (the pods backend aside, which owns its own objects)
-calls the API."""
+merge patches, creates, the task admission policy's list, Events, TokenReviews and SubjectAccessReviews.
+Nothing here decides anything, and no other module of the operator (the pods backend aside, which owns
+its own objects) calls the API."""
 
 from __future__ import annotations
 
@@ -222,6 +222,27 @@ class Kube:
         """A Secret's data, base64-encoded as the API serves it."""
         secret = await self.core.read_namespaced_secret(name, namespace)
         return dict(secret.data or {})
+
+    async def get_admission_policy(self, name: str) -> dict[str, Any] | None:
+        assert self.api_client is not None, "admission policies need a connected client"
+        try:
+            policy = await client.AdmissionregistrationV1Api(
+                self.api_client
+            ).read_validating_admission_policy(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body: dict[str, Any] = self.api_client.sanitize_for_serialization(policy)
+        return body
+
+    async def patch_admission_policy(self, name: str, patch: dict[str, Any]) -> None:
+        assert self.api_client is not None, "admission policies need a connected client"
+        await client.AdmissionregistrationV1Api(self.api_client).patch_validating_admission_policy(
+            name,
+            patch,
+            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+        )
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         await self.core.create_namespaced_event(namespace, event)  # type: ignore[arg-type]

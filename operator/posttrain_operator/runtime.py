@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from graders.tasks import task_names
 from posttrain_operator.backends.base import CREDENTIALS_MISSING, Backend, Health, SupportsHealthCheck
 from posttrain_operator.backends.hf_jobs import HfJobsBackend, HfJobsConfig, install_client_timeout
 from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
@@ -175,6 +176,33 @@ async def check_backends(ctx: Context) -> None:
             log.info("backend %s: %s", name, health.message)
         else:
             log.warning("backend %s is not usable (%s): %s", name, health.reason, health.message)
+
+
+# The policy's variable that lists the registered tasks (helm/.../admission-policy.yaml).
+REGISTERED_TASKS_VARIABLE = "registered"
+
+
+def registered_tasks_variables(names: list[str]) -> list[dict[str, str]]:
+    """The task policy's `spec.variables`: the registered task names as a CEL list literal (the names
+    match ^[a-z][a-z0-9_]*$, so they need no escaping)."""
+    literal = "[" + ", ".join(f"'{name}'" for name in names) + "]"
+    return [{"name": REGISTERED_TASKS_VARIABLE, "expression": literal}]
+
+
+async def publish_registered_tasks(ctx: Context) -> None:
+    """Write the tasks this operator's image has installed into the chart's task admission policy,
+    so the API server refuses an Episode naming any other (the chart keeps the list across upgrades)."""
+    name = ctx.settings.task_policy_name
+    if name is None:
+        return
+    variables = registered_tasks_variables(task_names())
+    policy = await ctx.kube.get_admission_policy(name)
+    if policy is None:
+        log.warning("task admission policy %s is missing: Episodes are not checked against the tasks", name)
+        return
+    if (policy.get("spec") or {}).get("variables") != variables:
+        await ctx.kube.patch_admission_policy(name, {"spec": {"variables": variables}})
+    log.info("registered tasks (in policy %s): %s", name, ", ".join(task_names()))
 
 
 async def serve_metrics(ctx: Context) -> web.AppRunner:

@@ -159,3 +159,8 @@ in each watched namespace.
   resources: ["secrets"]
   verbs: ["create", "get"]
 {{- end }}
+
+{{/* The admission policy that refuses unregistered tasks; the operator writes its task list into it. */}}
+{{- define "posttrain-operator.taskPolicyName" -}}
+{{- include "posttrain-operator.componentName" (list . "tasks") }}
+{{- end }}

@@ -23,8 +23,8 @@ from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from env_gateway.config import GatewaySettings
 from tests.conftest import Kubectl, make_kubectl
-from tests.helpers import kubectl_json
-from tests.integration.conftest import BUCKET, HF_NAMESPACE, HF_TOKEN, REPO, OperatorProcess
+from tests.helpers import kubectl_json, wait_for
+from tests.integration.conftest import BUCKET, HF_NAMESPACE, HF_TOKEN, REPO, OperatorProcess, episode_manifest
 from tests.integration.gateway.conftest import GatewayServer, serve
 
 CHART = REPO / "helm" / "posttrain-operator"
@@ -222,6 +222,14 @@ def chart_operator(
     ).start()
     try:
         op.wait_ready()
+        # The operator wrote its registered tasks before it reported ready; the task policy reads them
+        # through the API server's informer, a moment later.
+        episode = json.dumps(episode_manifest("policy-probe"))
+        wait_for(
+            lambda: kubectl("-n", release.namespace, "create", "--dry-run=server", "-f", "-",
+                            check=False, input=episode).returncode == 0,
+            timeout=30, what="the task policy to admit a registered task",
+        )  # fmt: skip
         yield op
     finally:
         op.stop()

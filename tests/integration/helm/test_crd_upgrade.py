@@ -14,8 +14,9 @@ import yaml
 
 from devstack import cluster as devcluster
 from tests.conftest import Kubectl
+from tests.helpers import kubectl_json
 from tests.integration.conftest import REPO, apply, episode_manifest, get
-from tests.integration.helm.conftest import CHART, Release, helm
+from tests.integration.helm.conftest import CHART, ChartOperator, Release, helm
 
 CRD = "episodes.posttrain.dev"
 COLUMN = "Upgraded"
@@ -47,7 +48,11 @@ def changed_chart(tmp_path: Path, kubectl: Kubectl) -> Iterator[Path]:
 
 
 def test_changed_crds_are_applied_before_helm_upgrade(
-    cluster: devcluster.ClusterState, kubectl: Kubectl, release: Release, changed_chart: Path
+    cluster: devcluster.ClusterState,
+    kubectl: Kubectl,
+    release: Release,
+    chart_operator: ChartOperator,  # registers the tasks, without which the policy refuses Episodes
+    changed_chart: Path,
 ) -> None:
     ns = release.namespace
     apply(kubectl, ns, episode_manifest("before-upgrade"))
@@ -72,3 +77,7 @@ def test_changed_crds_are_applied_before_helm_upgrade(
     assert get(kubectl, ns, "episode", "before-upgrade")["spec"]["task"] == "t0_artifact"
     wide = kubectl("-n", ns, "get", "episodes", "-o", "wide").stdout
     assert COLUMN.upper() in wide
+    # The upgrades kept the operator's list of tasks in the task policy: Episodes are still admitted.
+    policy = kubectl_json(kubectl, "get", "validatingadmissionpolicy", f"{release.fullname}-tasks")
+    assert "'t0_artifact'" in policy["spec"]["variables"][0]["expression"]
+    apply(kubectl, ns, episode_manifest("after-upgrade"))

@@ -379,8 +379,10 @@ def test_a_job_scanning_proc_and_the_file_system_finds_only_its_own_inputs(
         ), mount
     assert str(REPO_ROOT) not in result["mounts"]
     assert not any(m.startswith(str(cache)) for m in result["mounts"])
+    # Of the checkout, only what the launcher image carries: its packages and the installed task plugin.
     assert {m for m in libraries if m.startswith(str(REPO_ROOT) + "/") and "site-packages" not in m} <= {
         str(REPO_ROOT / "graders"),
         str(REPO_ROOT / "launcher_image" / "posttrain_launcher"),
+        str(REPO_ROOT / "examples" / "linear-map-task" / "posttrain_task_linear"),
     }
     HfApi(endpoint=emu.url, token=emu.token).cancel_job(job_id=holder, namespace=emu.namespace)

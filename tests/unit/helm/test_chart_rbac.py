@@ -22,6 +22,8 @@ FRAMEWORK = (
     # The leader's Lease, in the release namespace only.
     | _rules(NAMESPACE, "coordination.k8s.io", "leases", "get", "create", "update")
     | _rules("cluster", "authorization.k8s.io", "subjectaccessreviews", "create")
+    # The registered tasks, written into the chart's task admission policy (that one only, by name).
+    | _rules("cluster", "admissionregistration.k8s.io", "validatingadmissionpolicies", "get", "patch")
 )
 
 
@@ -56,6 +58,29 @@ def gateway_rules(scope: str) -> set[Rule]:
 
 def test_operator_watching_all_namespaces_gets_exactly_its_rules(default_docs: list[dict[str, Any]]) -> None:
     assert granted(default_docs, OPERATOR_SA) == FRAMEWORK | application("cluster")
+
+
+def test_operator_may_change_only_the_task_policy(default_docs: list[dict[str, Any]]) -> None:
+    policies = [d for d in default_docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    task_policy = next(p["metadata"]["name"] for p in policies if p["spec"].get("variables"))
+    rules = [
+        rule
+        for d in default_docs
+        if d["kind"] == "ClusterRole"
+        for rule in d["rules"]
+        if "validatingadmissionpolicies" in rule["resources"]
+    ]
+    assert rules == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingadmissionpolicies"],
+            "resourceNames": [task_policy],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    without = render({"admissionPolicy": {"enabled": False}})
+    assert not [d for d in without if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert "validatingadmissionpolicies" not in {r[2] for r in granted(without, OPERATOR_SA)}
 
 
 def test_operator_watching_listed_namespaces_gets_roles_there_only() -> None:

@@ -42,6 +42,7 @@ SUFFIXES = (
     "-operator-pods",
     "-test",
     "-score-jobs",
+    "-tasks",
     "-operator-metrics",
     "-gateway-metrics",
     "-dashboard",
@@ -94,7 +95,9 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
         ("ServiceAccount", f"{FULL}-gateway"),
         ("ServiceAccount", f"{FULL}-operator"),
         ("ValidatingAdmissionPolicy", f"{FULL}-score-jobs"),
+        ("ValidatingAdmissionPolicy", f"{FULL}-tasks"),
         ("ValidatingAdmissionPolicyBinding", f"{FULL}-score-jobs"),
+        ("ValidatingAdmissionPolicyBinding", f"{FULL}-tasks"),
     ])  # fmt: skip
 
 
@@ -255,6 +258,22 @@ def test_admission_policy_lets_only_the_operator_create_score_jobs(
     scoped = render({"admissionPolicy": {"enabled": True, "namespaceSelector": {"matchLabels": {"a": "b"}}}})
     binding = one(scoped, "ValidatingAdmissionPolicyBinding", f"{FULL}-score-jobs")["spec"]
     assert binding["matchResources"] == {"namespaceSelector": {"matchLabels": {"a": "b"}}}
+
+
+def test_task_policy_starts_with_no_task_until_the_operator_lists_its_own(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    spec = one(default_docs, "ValidatingAdmissionPolicy", f"{FULL}-tasks")["spec"]
+    assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["episodes"]
+    assert spec["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    # `helm template` cannot look the live policy up: the list is empty, so nothing passes unchecked.
+    assert spec["variables"] == [{"name": "registered", "expression": "[]"}]
+    assert [v["expression"] for v in spec["validations"]] == ["object.spec.task in variables.registered"]
+    operator = one(default_docs, "Deployment", f"{FULL}-operator")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in operator["containers"][0]["env"]}
+    assert env["POSTTRAIN_TASK_POLICY_NAME"] == f"{FULL}-tasks"
+    binding = one(default_docs, "ValidatingAdmissionPolicyBinding", f"{FULL}-tasks")["spec"]
+    assert binding == {"policyName": f"{FULL}-tasks", "validationActions": ["Deny"]}
 
 
 def test_helm_test_hook_dry_runs_an_episode_as_the_gateway(default_docs: list[dict[str, Any]]) -> None:
