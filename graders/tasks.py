@@ -151,7 +151,7 @@ class AssetLocation(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="POSTTRAIN_TASK_ASSETS_", frozen=True, extra="ignore")
 
     namespace: str = Field(default=LOCAL_NAMESPACE, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    revision: str = Field(default=LOCAL_ASSETS_REVISION, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    revision: str = Field(default=LOCAL_ASSETS_REVISION, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
     def model(self, name: str) -> RepoRef:
         return RepoRef(kind="model", repo_id=f"{self.namespace}/{name}", revision=self.revision)

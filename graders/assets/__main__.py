@@ -1,13 +1,16 @@
-"""`python -m graders.assets build [--assets-dir DIR] [--json]`: build or reuse the local task repos."""
+"""`python -m graders.assets build [--assets-dir DIR] [--json]`: build or reuse the tasks' repos;
+`python -m graders.assets publish --namespace ORG [--revision R]`: and upload them to a Hub."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from graders.assets import default_assets_dir, materialize_assets
+from graders.tasks import LOCAL_ASSETS_REVISION, AssetLocation
 
 
 def _say(message: str) -> None:
@@ -19,10 +22,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m graders.assets")
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="build every repo the tasks reference (cached)")
-    build.add_argument("--assets-dir", type=Path, default=None, help=f"default: {default_assets_dir()}")
-    build.add_argument("--json", action="store_true", help="print the repos as JSON on stdout")
+    publish = commands.add_parser(
+        "publish", help="build, then upload to a Hub (HF_ENDPOINT, HF_TOKEN) as private repos, tagged"
+    )
+    publish.add_argument("--namespace", required=True, help="the user or organization to publish under")
+    publish.add_argument("--revision", default=LOCAL_ASSETS_REVISION, help="the tag (default: %(default)s)")
+    for command in (build, publish):
+        command.add_argument("--assets-dir", type=Path, default=None, help=f"default: {default_assets_dir()}")
+        command.add_argument("--json", action="store_true", help="print the repos as JSON on stdout")
     args = parser.parse_args(argv)
 
+    if args.command == "publish":
+        return _publish(args)
     repos = materialize_assets(args.assets_dir, progress=_say)
     if args.json:
         listing = [{**repo.ref.model_dump(), "path": str(repo.path)} for repo in repos]
@@ -30,6 +41,27 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for repo in repos:
             sys.stdout.write(f"{repo.ref.kind}\t{repo.ref.repo_id}@{repo.ref.revision}\t{repo.path}\n")
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from graders.assets.publish import PublishError, publish  # huggingface_hub is needed only here
+
+    try:
+        AssetLocation(namespace=args.namespace, revision=args.revision)  # the chart will take these
+        published = publish(args.namespace, args.revision, assets_dir=args.assets_dir, progress=_say)
+    except (PublishError, ValueError) as exc:
+        _say(f"error: {exc}")
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps([asdict(p) for p in published], indent=2) + "\n")
+        return 0
+    for p in published:
+        sys.stdout.write(f"{p.kind}\t{p.repo_id}@{p.revision}\t{p.commit}\n")
+    sys.stdout.write(
+        "\nInstall or upgrade the chart with:\n"
+        f"  --set tasks.assetsNamespace={args.namespace} --set tasks.assetsRevision={args.revision}\n"
+    )
     return 0
 
 

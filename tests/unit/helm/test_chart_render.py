@@ -12,6 +12,7 @@ from posttrain_operator.api import crds
 from posttrain_operator.config import OperatorSettings
 
 from env_gateway.config import GatewaySettings
+from graders.tasks import AssetLocation
 from tests.unit.helm.chart import (
     CHART,
     FULL,
@@ -175,7 +176,11 @@ def test_hf_token_is_only_a_secret_reference_and_only_the_operator_gets_it() -> 
     gateway = container_env(main_container(docs, f"{FULL}-gateway"))
     refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in gateway.values() if "valueFrom" in e]
     assert refs == [f"{FULL}-orchestrator-token"]  # its own orchestrator token, never the HF one
-    assert not any(k.startswith(("POSTTRAIN_", "HF_")) for k in gateway)
+    # Of the operator's settings the gateway shares only where the tasks' repos are.
+    assert [k for k in gateway if k.startswith(("POSTTRAIN_", "HF_"))] == [
+        "POSTTRAIN_TASK_ASSETS_NAMESPACE",
+        "POSTTRAIN_TASK_ASSETS_REVISION",
+    ]
     # No volume of either pod mounts a Secret.
     for _, spec in pod_specs(docs):
         assert not any("secret" in v for v in spec.get("volumes", []))
@@ -327,16 +332,32 @@ def test_every_environment_variable_is_a_real_setting() -> None:
     gateway_env = container_env(main_container(docs, f"{FULL}-gateway"))
     operator_fields = set(OperatorSettings.model_fields)
     gateway_fields = set(GatewaySettings.model_fields)
+    # Both read the task registry's own settings (graders.tasks.AssetLocation).
+    assets = {f"task_assets_{name}" for name in AssetLocation.model_fields}
     unknown = [
-        n for n in operator_env if n.startswith("POSTTRAIN_") and n[10:].lower() not in operator_fields
+        n
+        for n in operator_env
+        if n.startswith("POSTTRAIN_") and n[10:].lower() not in operator_fields | assets
     ]
     unknown += [n for n in gateway_env if n.startswith("GATEWAY_") and n[8:].lower() not in gateway_fields]
+    unknown += [n for n in gateway_env if n.startswith("POSTTRAIN_") and n[10:].lower() not in assets]
     assert unknown == []
     assert {n for n in operator_env if n.startswith("POSTTRAIN_")} >= {
         "POSTTRAIN_HF_TOKEN", "POSTTRAIN_HF_NAMESPACE", "POSTTRAIN_HF_ENDPOINT", "POSTTRAIN_HF_IMAGE",
         "POSTTRAIN_BROKER_PORT", "POSTTRAIN_BROKER_ALLOWED_USERS", "POSTTRAIN_PODS_ENABLED",
     }  # fmt: skip
     assert "GATEWAY_ORCHESTRATOR_TOKEN" in gateway_env
+
+
+def test_the_operator_and_the_gateway_find_the_tasks_repos_in_the_same_place() -> None:
+    docs = render({"tasks": {"assetsNamespace": "my-lab", "assetsRevision": "v1"}})
+    for component in ("operator", "gateway"):
+        env = container_env(main_container(docs, f"{FULL}-{component}"))
+        assert env["POSTTRAIN_TASK_ASSETS_NAMESPACE"]["value"] == "my-lab"
+        assert env["POSTTRAIN_TASK_ASSETS_REVISION"]["value"] == "v1"
+    for bad in ("../x", "a/b", ""):
+        error = render_error({"tasks": {"assetsNamespace": "my-lab", "assetsRevision": bad}})
+        assert "assetsRevision" in error, error
 
 
 def test_pods_backend_mounts_its_store_in_the_operator_only_when_enabled(
@@ -396,5 +417,6 @@ def test_the_package_index_reaches_the_operator_and_only_as_a_url() -> None:
     assert (settings.pods_package_index, settings.pods_package_arch) == (index, "aarch64")
     unset = container_env(main_container(render({**HF_VALUES, "pods": PODS}), f"{FULL}-operator"))
     assert "POSTTRAIN_PODS_PACKAGE_INDEX" not in unset
-    for wrong in ({"packageIndex": "file:///etc"}, {"packageIndex": "pypi.org/simple"}, {"packageArch": "x86"}):
+    wrongs = ({"packageIndex": "file:///etc"}, {"packageIndex": "pypi.org/simple"}, {"packageArch": "x86"})
+    for wrong in wrongs:
         assert "pods" in render_error({**HF_VALUES, "pods": {**PODS, **wrong}})
