@@ -375,6 +375,17 @@ def release(
         f"\nhelm install --wait: {install_seconds:.0f}s\n"
         + cluster.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide"),
     )
+    # The operator listed its tasks in the chart's task policy before it reported ready; the API
+    # server applies the change a moment later, and until then refuses every Episode.
+    probe = json.dumps({
+        "apiVersion": "posttrain.dev/v1alpha1", "kind": "Episode", "metadata": {"name": "policy-probe"},
+        "spec": {"task": "t0_artifact", "budgetUSD": "0.05", "backend": "hf-jobs"},
+    })  # fmt: skip
+    wait_for(
+        lambda: cluster.run("kubectl", "-n", NAMESPACE, "create", "--dry-run=server", "-f", "-",
+                            input=probe).returncode == 0,
+        timeout=60, what="the task policy to admit a registered task",
+    )  # fmt: skip
     try:
         yield Release(cluster, NAMESPACE, orchestrator_token, operator_image, install_seconds)
     finally:
