@@ -9,6 +9,7 @@ pydantic. The grader programs (which may import torch) are named by module and i
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -55,7 +56,7 @@ class TaskLimits(BaseModel):
     max_steps: int = Field(gt=0)
     max_wall_seconds: int = Field(gt=0)
     max_concurrent_jobs: int = Field(gt=0)
-    max_job_timeout_seconds: int = Field(gt=0)
+    max_job_timeout_seconds: int = Field(ge=60)  # an AgentJob's timeoutSeconds is at least 60
 
 
 class TaskPublicView(BaseModel):
@@ -76,7 +77,7 @@ class TaskPublicView(BaseModel):
 class Task(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=64)  # as Episode.spec.task
     description: str
     base_model: RepoRef | None
     # Mount name -> repo; the only datasets an agent job may mount (seen at POSTTRAIN_INPUT_<NAME>).
@@ -87,7 +88,7 @@ class Task(BaseModel):
     default_flavors: list[str] = Field(min_length=1)
     limits: TaskLimits
     default_budget_usd: str
-    scoring_timeout_seconds: int = Field(gt=0)
+    scoring_timeout_seconds: int = Field(ge=60)  # the score job's timeoutSeconds
     # Module imported by `python -m graders.run` in the grader job (so it must be installed in the job's
     # image); it exposes `GRADER_VERSION` and `grade(task, inputs) -> GraderResult`.
     grader: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
@@ -106,14 +107,14 @@ class Task(BaseModel):
     @field_validator("agent_datasets")
     @classmethod
     def _mount_names_are_env_safe(cls, value: dict[str, RepoRef]) -> dict[str, RepoRef]:
-        for mount in value:
-            if not mount.isidentifier() or not mount.islower() or mount == AGENT_INPUT_MODEL:
+        for mount in value:  # as the launcher's input names
+            if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", mount) or mount == AGENT_INPUT_MODEL:
                 raise ValueError(f"bad dataset mount name {mount!r}")
         return value
 
     def model_post_init(self, context: Any, /) -> None:
-        hidden = self.hidden_split
-        if hidden in self.agent_datasets.values() or hidden in (self.dev_split, self.base_model):
+        others = [*self.agent_datasets.values(), self.dev_split, self.base_model]
+        if self.hidden_split.repo_id in {ref.repo_id for ref in others if ref is not None}:
             raise ValueError(f"task {self.name}: the hidden split must be a repo of its own")
 
     def public_view(self) -> TaskPublicView:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from graders.tasks import LOCAL_ASSETS_REVISION, RepoRef, registered_task, task_names
+from graders.tasks import LOCAL_ASSETS_REVISION, AssetLocation, RepoRef, registered_task, task_names
 
 Progress = Callable[[str], None]
 AssetBuilder = Callable[[Path, Progress], None]
@@ -39,12 +39,16 @@ def repo_path(assets_dir: Path, ref: RepoRef) -> Path:
 
 
 def referenced_repos() -> list[RepoRef]:
-    """Every repo any task references (base models, agent datasets, dev and hidden splits), once."""
+    """Every repo the tasks reference at the configured location (base models, agent datasets, dev
+    and hidden splits), once."""
     return list(_repo_builders())
 
 
 def _repo_builders() -> dict[RepoRef, AssetBuilder | None]:
-    """Each referenced repo, in registry order, with the builder its task's plugin has for it."""
+    """Each referenced repo at the configured location, in registry order, with the builder its task's
+    plugin has for it (None: a bug, reported by `materialize_assets`). Repos a task pins elsewhere
+    are its own to publish, and are left out."""
+    location = AssetLocation()
     repos: dict[RepoRef, AssetBuilder | None] = {}
     for name in task_names():
         registered = registered_task(name)
@@ -54,8 +58,11 @@ def _repo_builders() -> dict[RepoRef, AssetBuilder | None]:
             builders = dict(importlib.import_module(registered.plugin.assets).BUILDERS)
         candidates = [task.base_model, *task.agent_datasets.values(), task.dev_split, task.hidden_split]
         for ref in candidates:
-            if ref is not None and repos.get(ref) is None:
-                repos[ref] = builders.get(ref.repo_id.split("/", 1)[1])
+            namespace, repo_name = ref.repo_id.split("/", 1) if ref is not None else ("", "")
+            if ref is None or (namespace, ref.revision) != (location.namespace, location.revision):
+                continue
+            if repos.get(ref) is None:
+                repos[ref] = builders.get(repo_name)
     return repos
 
 
@@ -84,7 +91,7 @@ def materialize_assets(
     repos = [LocalRepo(ref=ref, path=repo_path(root, ref)) for ref in builders]
     missing = [f"{ref.kind} {ref.repo_id}" for ref, build in builders.items() if build is None]
     if missing:
-        raise RuntimeError(f"no builder for {', '.join(missing)}: its task's plugin names none")
+        raise RuntimeError(f"no builder for {', '.join(missing)}: its task's plugin has none")
     if all(repo.path.is_dir() for repo in repos):
         return repos
     with _exclusive(root / ".lock"):

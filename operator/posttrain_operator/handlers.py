@@ -103,7 +103,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             config.leader_election_identity, config.lease_duration_seconds, config.lease_renew_seconds,
         )  # fmt: skip
         await memo.leadership.acquire(retry_every=config.lease_renew_seconds)
-        await publish_registered_tasks(memo.ctx)  # before this replica reports ready
+        await publish_registered_tasks(memo.ctx)  # as soon as this replica leads
         memo.ctx.standby = False
         memo.keeper = asyncio.create_task(memo.leadership.keep(on_lost=_lost_leadership))
     else:

@@ -192,17 +192,18 @@ def registered_tasks_variables(names: list[str]) -> list[dict[str, str]]:
 async def publish_registered_tasks(ctx: Context) -> None:
     """Write the tasks this operator's image has installed into the chart's task admission policy,
     so the API server refuses an Episode naming any other (the chart keeps the list across upgrades)."""
+    names = task_names()  # a broken task plugin stops the operator here, at start, and says which
     name = ctx.settings.task_policy_name
     if name is None:
         return
-    variables = registered_tasks_variables(task_names())
+    variables = registered_tasks_variables(names)
     policy = await ctx.kube.get_admission_policy(name)
     if policy is None:
         log.warning("task admission policy %s is missing: Episodes are not checked against the tasks", name)
         return
     if (policy.get("spec") or {}).get("variables") != variables:
         await ctx.kube.patch_admission_policy(name, {"spec": {"variables": variables}})
-    log.info("registered tasks (in policy %s): %s", name, ", ".join(task_names()))
+    log.info("registered tasks (in policy %s): %s", name, ", ".join(names))
 
 
 async def serve_metrics(ctx: Context) -> web.AppRunner:

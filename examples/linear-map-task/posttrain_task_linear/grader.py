@@ -13,6 +13,7 @@ from graders.assets.datasets import read_jsonl
 from graders.checkpoint_files import (
     InvalidCheckpoint,
     agent_bytes,
+    checkpoint_root,
     read_bounded,
     scan_output_tree,
     weight_files,
@@ -46,6 +47,7 @@ def _read_map(inputs: GraderInputs) -> tuple[np.ndarray, np.ndarray]:
 
 def grade(task: Task, inputs: GraderInputs) -> GraderResult:
     records = read_jsonl(inputs.split / DATASET_FILE)
+    checkpoint_root(inputs.checkpoint)  # a missing mount is the platform's failure, not the agent's
     try:
         with agent_bytes("the weights cannot be read"):
             weight, bias = _read_map(inputs)

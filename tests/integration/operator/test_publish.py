@@ -84,6 +84,9 @@ def test_published_repos_are_what_an_episode_mounts_and_it_reaches_its_reward(
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout) == published
 
+    def published_commit(repo_id: str) -> str:
+        return next(str(p["commit"]) for p in published if p["repo_id"] == repo_id)
+
     # A tag that names other content is refused, not moved.
     records = f"{HF_NAMESPACE}/t0-artifact-records"
     other = api.upload_file(
@@ -92,9 +95,14 @@ def test_published_repos_are_what_an_episode_mounts_and_it_reaches_its_reward(
     api.create_tag(records, tag="v2", repo_type="dataset", revision=other.oid)
     refused = publish(empty_hub, tmp_path, "v2")
     assert refused.returncode == 1
-    assert f"dataset {records}: tag 'v2' names commit {other.oid}" in refused.stderr, refused.stderr
-    tags = {t.name: t.target_commit for t in api.list_repo_refs(records, repo_type="dataset").tags}
-    assert tags["v2"] == other.oid
+    assert f"dataset {records}: tag 'v2' already names other files" in refused.stderr, refused.stderr
+    refs = api.list_repo_refs(records, repo_type="dataset")
+    tags = {t.name: t.target_commit for t in refs.tags}
+    assert tags == {REVISION: published_commit(records), "v2": other.oid}
+    assert [b.target_commit for b in refs.branches] == [other.oid]  # nothing uploaded before the refusal
+    for repo in (p for p in published if p["repo_id"] != records):  # nor any other repo tagged
+        tags = api.list_repo_refs(repo["repo_id"], repo_type=repo["kind"]).tags
+        assert [t.name for t in tags] == [REVISION], repo
 
     # The operator, told where the repos are, mounts the published ones: the episode scores 1.
     where = {"POSTTRAIN_TASK_ASSETS_NAMESPACE": HF_NAMESPACE, "POSTTRAIN_TASK_ASSETS_REVISION": REVISION}
