@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -223,18 +223,22 @@ class Kube:
         secret = await self.core.read_namespaced_secret(name, namespace)
         return dict(secret.data or {})
 
-    async def get_admission_policy(self, name: str) -> dict[str, Any] | None:
-        assert self.api_client is not None, "admission policies need a connected client"
+    async def _read_or_none(self, read: Awaitable[Any]) -> dict[str, Any] | None:
+        """What a typed client's read returns, as a plain dict; None when the object does not exist."""
+        assert self.api_client is not None, "typed reads need a connected client"
         try:
-            policy = await client.AdmissionregistrationV1Api(
-                self.api_client
-            ).read_validating_admission_policy(name)
+            found = await read
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        body: dict[str, Any] = self.api_client.sanitize_for_serialization(policy)
+        body: dict[str, Any] = self.api_client.sanitize_for_serialization(found)
         return body
+
+    async def get_admission_policy(self, name: str) -> dict[str, Any] | None:
+        assert self.api_client is not None, "admission policies need a connected client"
+        policies = client.AdmissionregistrationV1Api(self.api_client)
+        return await self._read_or_none(policies.read_validating_admission_policy(name))
 
     async def patch_admission_policy(self, name: str, patch: dict[str, Any]) -> None:
         assert self.api_client is not None, "admission policies need a connected client"
@@ -254,15 +258,7 @@ class Kube:
         return client.CoordinationV1Api(self.api_client)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        assert self.api_client is not None
-        try:
-            lease = await self._leases().read_namespaced_lease(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        body: dict[str, Any] = self.api_client.sanitize_for_serialization(lease)
-        return body
+        return await self._read_or_none(self._leases().read_namespaced_lease(name, namespace))
 
     async def write_lease(self, namespace: str, body: dict[str, Any]) -> bool:
         """Create the Lease (no resourceVersion) or replace it (compare-and-swap on its
