@@ -1,12 +1,19 @@
 """Pure reads of an Episode body: limits in force, spend, done and reward. No I/O, injected clock.
 
 Every rule here is the operator's own (`posttrain_operator.api.rules`), so the gateway and the operator
-cannot disagree on what is left or when an episode is over."""
+cannot disagree on what is left or when an episode is over.
+
+A tool call reads its Episode several times (authentication, the step limit, the written step), mostly
+the very body the watch-fed store holds; `EpisodeView.parse` parses each body once: it keeps the views
+of the last few hundred bodies it parsed, by name and resourceVersion, and answers with one only for
+that same body object (bodies are never modified; every write comes back as a new object with a new
+resourceVersion). A view's derived values (limits, spend, ...) are computed once, on first use."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from posttrain_operator.api import rules
@@ -15,6 +22,11 @@ from posttrain_operator.api.money import micro_to_usd
 
 from env_gateway.schemas import ServiceSpend, ToolFailure
 from graders.tasks import Task, UnknownTaskError, get_task
+
+# How many parsed bodies `EpisodeView.parse` keeps (the oldest parsed goes first): a few per episode
+# in flight is enough, as each call reads the newest version its store holds.
+PARSED_VIEWS = 256
+_parsed: dict[tuple[str, str, str], EpisodeView] = {}
 
 
 @dataclass(frozen=True)
@@ -36,12 +48,26 @@ class EpisodeView:
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> EpisodeView:
-        """The view of an Episode body as read from the API server; its task must be registered."""
+        """The view of an Episode body as read from the API server; its task must be registered.
+        The same body object (by name and resourceVersion) gives the same view, parsed once."""
+        metadata = body["metadata"]
+        version = metadata.get("resourceVersion")
+        key = (metadata["namespace"], metadata["name"], version) if isinstance(version, str) else None
+        if key is not None:
+            held = _parsed.get(key)
+            if held is not None and held.body is body:
+                return held
         try:
             task = get_task(body["spec"]["task"])
         except UnknownTaskError as exc:
             raise ToolFailure("unknown_task", str(exc)) from exc
-        return cls.of(body, task)
+        view = cls.of(body, task)
+        if key is not None:
+            _parsed.pop(key, None)
+            if len(_parsed) >= PARSED_VIEWS:
+                del _parsed[next(iter(_parsed))]
+            _parsed[key] = view
+        return view
 
     @classmethod
     def of(cls, body: dict[str, Any], task: Task) -> EpisodeView:
@@ -58,7 +84,7 @@ class EpisodeView:
     def ref(self) -> EpisodeRef:
         return EpisodeRef(self.namespace, self.name)
 
-    @property
+    @cached_property
     def limits(self) -> rules.Limits:
         return rules.limits_in_force(self.spec, self.task)
 
@@ -70,7 +96,7 @@ class EpisodeView:
     def max_steps(self) -> int:
         return self.limits.max_steps
 
-    @property
+    @cached_property
     def steps_left(self) -> int:
         return rules.steps_left(self.status, self.limits)
 
@@ -78,7 +104,7 @@ class EpisodeView:
         """None until the operator has started the episode (it sets the deadline)."""
         return rules.seconds_left(self.status, now)
 
-    @property
+    @cached_property
     def done(self) -> bool:
         return rules.has_ended(self.status)
 
@@ -99,9 +125,14 @@ class EpisodeView:
             jobs_running=rules.jobs_running(ledger),
         )
 
+    @cached_property
+    def _service_spend(self) -> dict[str, Any]:
+        return self.spend().model_dump()
+
     def metadata(self, now: datetime) -> dict[str, Any]:
+        """A new dict on every call (callers add to it); its parts are computed once per view."""
         return {
-            "service_spend": self.spend().model_dump(),
+            "service_spend": dict(self._service_spend),
             "steps_left": self.steps_left,
             "seconds_left": self.seconds_left(now),
             "steps": self.status.steps,

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 
+from env_gateway import episode_view
 from env_gateway.auth import bearer, orchestrator_credential
 from env_gateway.episode_view import EpisodeView
 from env_gateway.http_mcp import host_allowed
@@ -65,6 +66,35 @@ def test_spend_and_limits_come_from_the_ledger_and_the_deadline() -> None:
 def test_done_and_reward(status: dict[str, Any], want_done: bool, want_reward: float | None) -> None:
     view = EpisodeView.of(episode(**status), get_task("t0_artifact"))
     assert (view.done, view.reward) == (want_done, want_reward)
+
+
+def test_a_body_is_parsed_once_and_a_new_version_or_object_is_parsed_again() -> None:
+    body = episode(steps=1)
+    view = EpisodeView.parse(body)
+    assert EpisodeView.parse(body) is view  # the same body object: the view parsed before
+    assert view.metadata(NOW) is not view.metadata(NOW)  # callers add to it: a new dict each time
+    # A write's answer (e.g. Kube.set_steps): a new object with a new resourceVersion.
+    written = {**body, "metadata": {**body["metadata"], "resourceVersion": "2"}, "status": {"steps": 2}}
+    again = EpisodeView.parse(written)
+    assert again is not view and again.status.steps == 2 and again.steps_left == 1
+    assert EpisodeView.parse(body) is view  # the older version is still held for callers in flight
+    # Another object with the same name and version is parsed on its own, never served another's view.
+    lookalike = episode(steps=0)
+    assert EpisodeView.parse(lookalike) is not view and EpisodeView.parse(lookalike).status.steps == 0
+    # Without a resourceVersion nothing is kept.
+    unversioned = episode(steps=1)
+    del unversioned["metadata"]["resourceVersion"]
+    assert EpisodeView.parse(unversioned) is not EpisodeView.parse(unversioned)
+
+
+def test_the_parsed_views_are_bounded() -> None:
+    bodies = [episode() for _ in range(episode_view.PARSED_VIEWS + 10)]
+    for i, body in enumerate(bodies):
+        body["metadata"]["name"] = f"ep-{i}"
+        EpisodeView.parse(body)
+    assert len(episode_view._parsed) == episode_view.PARSED_VIEWS
+    assert ("ns", "ep-0", "1") not in episode_view._parsed  # the oldest went first
+    assert ("ns", f"ep-{len(bodies) - 1}", "1") in episode_view._parsed
 
 
 class FakeStore:
