@@ -1,0 +1,66 @@
+"""The API client's HTTP session reads the environment (proxy variables, ~/.netrc) once, when it is made:
+a session that trusts it would read it again on every request, in worker threads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+
+from env_gateway.kube import _environment_read_once
+
+API = "https://10.0.0.1:6443"
+
+
+@pytest.fixture(autouse=True)
+def plain_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No proxy variables, and a netrc path that does not exist (yet)."""
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+    netrc = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc))
+    return netrc
+
+
+async def trusts_environment(proxy: str | None = None) -> bool:
+    cfg = client.Configuration(host=API)
+    cfg.proxy = proxy
+    api = client.ApiClient(configuration=cfg)
+    try:
+        connector = api.rest_client.pool_manager.connector
+        _environment_read_once(api.rest_client, cfg.host)
+        assert api.rest_client.pool_manager.connector is connector  # the same pool and TLS context
+        trusts: bool = api.rest_client.pool_manager.trust_env
+        return trusts
+    finally:
+        await api.close()
+
+
+async def test_an_environment_that_names_nothing_for_the_api_server_is_not_read_again() -> None:
+    assert not await trusts_environment()
+
+
+async def test_a_proxy_for_the_api_server_keeps_the_environment_trusted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    assert await trusts_environment()
+    monkeypatch.setenv("NO_PROXY", "10.0.0.1")  # bypassed for this host: nothing to read
+    assert not await trusts_environment()
+
+
+async def test_a_configured_proxy_wins_over_the_environments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    assert not await trusts_environment(proxy="http://configured:3128")
+
+
+async def test_netrc_credentials_for_the_api_server_keep_the_environment_trusted(
+    plain_environment: Path,
+) -> None:
+    plain_environment.write_text("machine elsewhere login a password b\n")
+    assert not await trusts_environment()
+    plain_environment.write_text("machine 10.0.0.1 login a password b\n")
+    assert await trusts_environment()
