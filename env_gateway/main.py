@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -87,6 +88,20 @@ class _Timed:
             self.metrics.request_seconds.labels(route, method, status).observe(time.monotonic() - started)
 
 
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """What the process built to serve (modules, schemas, models, the mirrored namespace as listed),
+    out of the cyclic garbage collector's reach while it serves: those objects live as long as the app,
+    and a full collection walked them all (about a tenth of a tool call's CPU). Reference counting
+    frees them as before; only cycles among them wait for the unfreeze."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def create_app(settings: GatewaySettings, kube: Kube | None = None) -> FastAPI:
     sessions = Sessions(settings.max_sessions)
     metrics = GatewayMetrics(frozenset(TOOLS))
@@ -97,7 +112,8 @@ def create_app(settings: GatewaySettings, kube: Kube | None = None) -> FastAPI:
             sdk = build_session_manager(gateway, settings)
             # The host app owns the lifespan: a mounted sub-app's lifespan would never run.
             async with sdk.run():
-                yield {"serving": Serving(gateway, HybridMcp(gateway, sessions, sdk), sessions)}
+                with _frozen_heap():
+                    yield {"serving": Serving(gateway, HybridMcp(gateway, sessions, sdk), sessions)}
 
     app = FastAPI(title="posttrain env gateway", version=__version__, lifespan=lifespan)
 

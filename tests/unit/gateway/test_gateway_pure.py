@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from env_gateway.auth import bearer, orchestrator_credential
 from env_gateway.episode_view import EpisodeView
 from env_gateway.http_mcp import host_allowed
 from env_gateway.kube import Conflict
+from env_gateway.main import _frozen_heap
 from env_gateway.schemas import JobsWaitArgs, Outcome, SubmitJobArgs, ToolFailure
 from env_gateway.steps import StepCounter, StepLimitReached
 from env_gateway.wire import mcp_call_result, step_payload
@@ -95,6 +97,13 @@ def test_the_parsed_views_are_bounded() -> None:
     assert len(episode_view._parsed) == episode_view.PARSED_VIEWS
     assert ("ns", "ep-0", "1") not in episode_view._parsed  # the oldest went first
     assert ("ns", f"ep-{len(bodies) - 1}", "1") in episode_view._parsed
+
+
+def test_the_heap_is_frozen_while_the_app_serves_and_unfrozen_after() -> None:
+    gc.unfreeze()
+    with _frozen_heap():
+        assert gc.get_freeze_count() > 0  # what was built is out of the collector's reach
+    assert gc.get_freeze_count() == 0
 
 
 class FakeStore:
