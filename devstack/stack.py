@@ -273,7 +273,6 @@ def _start_operator(
         POSTTRAIN_METRICS_HOST="127.0.0.1",
         POSTTRAIN_METRICS_PORT=str(cluster.free_port()),
         POSTTRAIN_TASK_POLICY_NAME=task_policy,
-        POSTTRAIN_WATCH_NAMESPACES=json.dumps([DEMO_NAMESPACE]),  # kopf's --namespace, below
     )
     pids["operator"] = _spawn(
         "operator",

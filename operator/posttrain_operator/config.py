@@ -125,22 +125,11 @@ class OperatorSettings(BaseSettings):
 
     poll_interval_seconds: float = Field(default=10.0, gt=0)
     episode_tick_seconds: float = Field(default=2.0, gt=0)
-    # The namespaces kopf watches (its --namespace flags; empty: all of them). Set, new jobs there are
-    # admitted from a watch of the operator's own ahead of kopf's handling (reconcile/early_admission),
-    # at most `early_admission_passes` at once. Unset, kopf's scope is unknown and kopf admits alone.
-    watch_namespaces: list[str] | None = None
-    early_admission_passes: int = Field(default=32, ge=0)
     orphan_retry_initial_seconds: float = Field(default=5.0, gt=0)
     orphan_retry_max_seconds: float = Field(default=300.0, gt=0)
     # Beyond a job's timeout, how long the operator waits for the backend before cancelling itself.
     job_deadline_grace_seconds: int = Field(default=60, ge=0)
     max_artifact_bytes: int = Field(default=1 << 20, gt=0)
-
-    def early_admission_scope(self) -> list[str | None]:
-        """One early-admission watch per namespace (None: one for all); none when it is off."""
-        if self.watch_namespaces is None or self.early_admission_passes == 0:
-            return []
-        return list(self.watch_namespaces) or [None]
 
     @model_validator(mode="after")
     def _hf_needs_a_namespace(self) -> OperatorSettings:

@@ -24,7 +24,6 @@ from posttrain_operator.k8s import Conflict
 from posttrain_operator.leader import Leadership
 from posttrain_operator.reconcile.admission import reconcile_agentjob
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
-from posttrain_operator.reconcile.early_admission import EarlyAdmission
 from posttrain_operator.reconcile.ending import finalize_episode
 from posttrain_operator.reconcile.episode import reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
@@ -111,10 +110,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         await publish_registered_tasks(memo.ctx)
         memo.broker = await broker.serve(memo.ctx)
     memo.active = ActiveJobs()
-    memo.early = EarlyAdmission(memo.ctx, config.early_admission_passes)
-    memo.watches = [
-        asyncio.create_task(memo.early.watch(namespace)) for namespace in config.early_admission_scope()
-    ]
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
     log.info("posttrain-operator started with backends: %s", ", ".join(memo.ctx.backends) or "none")
 
@@ -129,7 +124,7 @@ def _lost_leadership(why: str) -> None:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for task in (memo.poller, getattr(memo, "keeper", None), *memo.watches):
+    for task in (memo.poller, getattr(memo, "keeper", None)):
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -137,7 +132,6 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if memo.leadership is not None:
         with contextlib.suppress(Exception):  # best effort: otherwise the Lease simply expires
             await memo.leadership.release()
-    await memo.early.close()
     await memo.broker.cleanup()
     await memo.metrics.cleanup()
     await memo.ctx.kube.close()

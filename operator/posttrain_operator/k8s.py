@@ -6,15 +6,13 @@ its own objects) calls the API."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -25,8 +23,6 @@ MERGE_PATCH = "application/merge-patch+json"
 # In the API server's audit log, the reconcilers' calls (kopf's own carry "kopf/<version>").
 USER_AGENT = "posttrain-operator"
 CAS_ATTEMPTS = 20
-# A watch's server-side timeout: long watches without one can stall silently (as kopf's, in handlers).
-WATCH_SECONDS = 300
 T = TypeVar("T")
 # A compare-and-swap callback: from the Episode as read and its status, the status to write (None:
 # nothing to write) and a result for the caller. It may run several times, so it must be pure.
@@ -53,16 +49,6 @@ class EpisodeUpdate(Generic[T]):
     status: EpisodeStatus
     written: bool
     result: T  # what the last run of the callback returned
-
-
-async def _json_lines(stream: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
-    """One JSON document per line, however long the line."""
-    pending = b""
-    async for chunk in stream.iter_any():
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)
 
 
 async def make_api_client() -> client.ApiClient:
@@ -206,65 +192,6 @@ class Kube:
             _content_type=MERGE_PATCH,  # type: ignore[call-arg]
         )
         return body
-
-    async def claim_agentjob(self, seen: dict[str, Any], finalizer: str) -> dict[str, Any] | None:
-        """The job with `finalizer` added, as written; each patch is conditional on the version last
-        read, so no other writer's change is overwritten. None once the job is gone or being deleted
-        (no finalizer may be added then)."""
-        meta = seen["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        job: dict[str, Any] | None = seen
-        for _ in range(CAS_ATTEMPTS):
-            if job is None or job["metadata"].get("deletionTimestamp"):
-                return None
-            finalizers = job["metadata"].get("finalizers") or []
-            if finalizer in finalizers:
-                return job
-            # A resourceVersion in a merge patch makes it conditional.
-            version = job["metadata"]["resourceVersion"]
-            patch = {"metadata": {"resourceVersion": version, "finalizers": [*finalizers, finalizer]}}
-            try:
-                return await self.patch_agentjob(namespace, name, patch)
-            except ApiException as exc:
-                # 409: changed since; 404: gone; 422: being deleted (read again to tell).
-                if exc.status not in (404, 409, 422):
-                    raise
-            job = await self.get_agentjob(namespace, name)
-        raise Conflict(f"agentjob {namespace}/{name}: finalizer lost {CAS_ATTEMPTS} races in a row")
-
-    async def created_agentjobs(self, namespace: str | None) -> AsyncIterator[dict[str, Any]]:
-        """AgentJobs as their creation is announced (`namespace` None: in every namespace), from now
-        on, for as long as the caller iterates. A watch the API server ends is resumed where it was;
-        one that expired starts again from now: what it missed, kopf's own watch delivers. Events are
-        read as they come, without the client's model layer (which parses every event twice)."""
-        custom = self.custom
-        list_jobs: Callable[..., Awaitable[Any]]
-        args: tuple[str, ...]
-        if namespace is None:
-            list_jobs, args = custom.list_cluster_custom_object, (GROUP, VERSION, "agentjobs")
-        else:
-            list_jobs, args = custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "agentjobs")
-        version: str | None = None
-        while True:
-            if version is None:
-                version = (await list_jobs(*args, limit=1))["metadata"]["resourceVersion"]
-            watching: dict[str, Any] = {
-                "watch": True,
-                "resource_version": version,
-                "timeout_seconds": WATCH_SECONDS,
-            }
-            response = await list_jobs(*args, **watching, _preload_content=False)
-            async with response:
-                async for event in _json_lines(response.content):
-                    body = event["object"]
-                    if event["type"] == "ERROR":
-                        if body.get("code") != 410:
-                            raise ApiException(status=body.get("code"), reason=body.get("message"))
-                        version = None  # expired: from now on
-                        break
-                    version = body["metadata"]["resourceVersion"]
-                    if event["type"] == "ADDED":
-                        yield body
 
     async def create_agentjob(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create, or return the existing object of that name (creates are retried after crashes)."""

@@ -155,7 +155,6 @@ class OperatorProcess:
             POSTTRAIN_METRICS_HOST="127.0.0.1",
             POSTTRAIN_METRICS_PORT=str(self.metrics_port),
             POSTTRAIN_BROKER_ALLOWED_USERS=json.dumps([f"system:serviceaccount:{BROKER_NAMESPACE}:gateway"]),
-            POSTTRAIN_WATCH_NAMESPACES=json.dumps([self.namespace]),  # kopf's --namespace, below
         )
         env.update(self.extra_env)
         return env

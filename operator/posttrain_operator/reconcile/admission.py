@@ -11,7 +11,6 @@ pass retried after a crash finds its own reservation and changes nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,41 +140,6 @@ async def reconcile_agentjob(
             await resume_submission(ctx, job, status)
 
 
-async def admit_created(ctx: Context, created: dict[str, Any]) -> None:
-    """Admit and submit a job from its creation as the API server announced it, before kopf has
-    handled it: kopf's finalizer is added (conditional on that version) while the reservation is
-    made, two writes at once rather than one after the other. A job deleted meanwhile, which kopf's
-    deletion handler will never see, has its reservation released; a job another pass has begun on
-    is left to it."""
-    meta = created["metadata"]
-    async with ctx.locks("agentjob", meta["namespace"], meta["name"]):
-        job, admission = await asyncio.gather(
-            ctx.kube.claim_agentjob(created, ctx.settings.finalizer),
-            _admit(ctx, dict(created), AgentJobStatus(), None),
-        )
-        if admission is None:
-            return
-        if job is None:
-            if admission.reserved_now:  # else another pass's, which may have submitted
-                await _release(ctx, meta["namespace"], meta["name"], admission.spec.episode)
-        elif status_of(AgentJobStatus, job.get("status")).phase in (None, "Pending"):
-            await submit_admitted(ctx, job, admission)
-
-
-async def _release(ctx: Context, namespace: str, name: str, episode: str) -> None:
-    """Settle a reservation at nothing: its job is gone before anything was submitted."""
-
-    def release(_: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, None]:
-        entry = current.ledger.entries.get(name)
-        if entry is None or entry.settled_micro_usd is not None:
-            return None, None
-        ledger = ledger_math.settle(current.ledger, name, 0)[0]
-        return current.model_copy(update={"ledger": ledger}), None
-
-    with contextlib.suppress(LookupError):  # the episode is gone too: nothing to release
-        await ctx.kube.update_episode_status(namespace, episode, release)
-
-
 async def _read(
     ctx: Context, namespace: str, name: str, observed: dict[str, Any] | None
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -261,4 +225,4 @@ async def _admit(
         }
     )
     status = with_condition(ctx, job, status, cond.ADMITTED, True, "Reserved", message)
-    return Admission(spec, task, episode, status, message, reserved_now=update.written)
+    return Admission(spec, task, episode, status, message)

@@ -34,7 +34,6 @@ class Admission:
     episode: dict[str, Any]
     status: AgentJobStatus
     message: str
-    reserved_now: bool = False  # the reservation was made by this pass (not found from an earlier one)
 
 
 async def submit_admitted(ctx: Context, job: dict[str, Any], admission: Admission) -> None:

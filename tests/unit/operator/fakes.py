@@ -203,11 +203,6 @@ class FakeKubernetes:
         self._maybe_conflict("patch_namespaced_custom_object")
         obj = self._existing(plural, namespace, name)
         self._check_version(obj, body)
-        added = set((body.get("metadata") or {}).get("finalizers") or []) - set(
-            obj["metadata"].get("finalizers") or []
-        )
-        if added and obj["metadata"].get("deletionTimestamp"):
-            raise ApiException(422, "no new finalizers can be added if the object is being deleted")
         if "spec" in body:
             obj["spec"] = _merge(obj.get("spec") or {}, body["spec"])
             obj["metadata"]["generation"] += 1
