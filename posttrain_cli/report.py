@@ -107,6 +107,9 @@ def _png(fig: Figure) -> bytes:
 
 
 def episode_figure(ep: Obj, jobs: list[Obj], now: datetime) -> bytes:
+    """The episode's figure as PNG bytes: the jobs' timeline, the cumulative spend against the
+    budget, and the jobs submitted against the steps counted. One function of about 60 lines on
+    purpose: the three panels share their x axis and span, and matplotlib's calls read best in order."""
     status = ep.get("status") or {}
     ledger = status.get("ledger") or {}
     budget = int(ledger.get("budgetMicroUSD") or 0)

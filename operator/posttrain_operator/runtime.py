@@ -26,9 +26,19 @@ log = logging.getLogger(__name__)
 def build_backends(settings: OperatorSettings, api_client: Any = None) -> dict[str, Backend]:
     """`api_client` (a kubernetes_asyncio ApiClient) is needed only by the pods backend."""
     backends: dict[str, Backend] = {}
+    if settings.hf_enabled:
+        backends["hf-jobs"] = _hf_jobs_backend(settings)
+    if settings.pods_enabled:
+        if api_client is None:
+            raise ValueError("the pods backend needs a Kubernetes API client")
+        backends["pods"] = _pods_backend(settings, api_client)
+    return backends
+
+
+def _hf_jobs_backend(settings: OperatorSettings) -> Backend:
     token = settings.hf_token_value
-    if settings.hf_enabled and token is None:
-        backends["hf-jobs"] = UnavailableBackend(
+    if token is None:
+        return UnavailableBackend(
             "hf-jobs",
             Health(
                 CREDENTIALS_MISSING,
@@ -36,59 +46,58 @@ def build_backends(settings: OperatorSettings, api_client: Any = None) -> dict[s
                 "create it and restart the operator",
             ),
         )
-    elif settings.hf_enabled:
-        assert token is not None and settings.hf_namespace is not None
-        install_client_timeout(settings.hf_http_timeout_seconds)
-        backends["hf-jobs"] = HfJobsBackend(
-            HfJobsConfig(
-                endpoint=settings.hf_endpoint,
-                token=token,
-                namespace=settings.hf_namespace,
-                image=settings.hf_image,
-                bucket=settings.hf_bucket_id,
-                instance=settings.instance,
-                http_timeout_s=settings.hf_http_timeout_seconds,
-            )
+    assert settings.hf_namespace is not None
+    install_client_timeout(settings.hf_http_timeout_seconds)
+    return HfJobsBackend(
+        HfJobsConfig(
+            endpoint=settings.hf_endpoint,
+            token=token,
+            namespace=settings.hf_namespace,
+            image=settings.hf_image,
+            bucket=settings.hf_bucket_id,
+            instance=settings.instance,
+            http_timeout_s=settings.hf_http_timeout_seconds,
         )
-    if settings.pods_enabled:
-        assert settings.pods_store_volume is not None and settings.pods_store_path is not None
-        if api_client is None:
-            raise ValueError("the pods backend needs a Kubernetes API client")
-        backends["pods"] = PodsBackend(
-            PodsConfig(
-                image=settings.pods_image,
-                flavors={
-                    name: Flavor(
-                        f.cpu,
-                        f.memory,
-                        f.price_micro_usd_per_minute,
-                        cpu_request=f.cpu_request,
-                        memory_request=f.memory_request,
-                        gpus=f.gpus,
-                        node_selector=f.node_selector,
-                        tolerations=tuple(f.tolerations),
-                        runtime_class_name=f.runtime_class_name,
-                        priority_class_name=f.priority_class_name,
-                        queue=f.queue,
-                    )
-                    for name, f in settings.pods_flavors.items()
-                },
-                store_volume=settings.pods_store_volume,
-                store_path=settings.pods_store_path,
-                instance=settings.instance,
-                namespace_prefix=settings.pods_namespace_prefix,
-                scratch_size=settings.pods_scratch_size,
-                cancel_grace_seconds=settings.pods_cancel_grace_seconds,
-                max_log_bytes=settings.max_artifact_bytes,
-                egress_probes=egress_probes(settings) if settings.pods_egress_check else None,
-                egress_bound_seconds=settings.pods_egress_bound_seconds,
-                package_index=settings.pods_package_index,
-                package_arch=settings.pods_package_arch,
-                max_package_bytes=settings.pods_max_package_bytes,
-            ),
-            api_client,
+    )
+
+
+def _pods_backend(settings: OperatorSettings, api_client: Any) -> Backend:
+    assert settings.pods_store_volume is not None and settings.pods_store_path is not None
+    flavors = {
+        name: Flavor(
+            f.cpu,
+            f.memory,
+            f.price_micro_usd_per_minute,
+            cpu_request=f.cpu_request,
+            memory_request=f.memory_request,
+            gpus=f.gpus,
+            node_selector=f.node_selector,
+            tolerations=tuple(f.tolerations),
+            runtime_class_name=f.runtime_class_name,
+            priority_class_name=f.priority_class_name,
+            queue=f.queue,
         )
-    return backends
+        for name, f in settings.pods_flavors.items()
+    }
+    return PodsBackend(
+        PodsConfig(
+            image=settings.pods_image,
+            flavors=flavors,
+            store_volume=settings.pods_store_volume,
+            store_path=settings.pods_store_path,
+            instance=settings.instance,
+            namespace_prefix=settings.pods_namespace_prefix,
+            scratch_size=settings.pods_scratch_size,
+            cancel_grace_seconds=settings.pods_cancel_grace_seconds,
+            max_log_bytes=settings.max_artifact_bytes,
+            egress_probes=egress_probes(settings) if settings.pods_egress_check else None,
+            egress_bound_seconds=settings.pods_egress_bound_seconds,
+            package_index=settings.pods_package_index,
+            package_arch=settings.pods_package_arch,
+            max_package_bytes=settings.pods_max_package_bytes,
+        ),
+        api_client,
+    )
 
 
 def egress_probes(settings: OperatorSettings) -> tuple[dict[str, Any], ...]:

@@ -156,6 +156,25 @@ async def _read(
     return job, episode
 
 
+async def _price(
+    ctx: Context, job: dict[str, Any], status: AgentJobStatus, backend: str, flavor: str
+) -> int | Rejection:
+    """The flavor's price per minute on the episode's backend, or why the job is refused. A backend
+    that does not answer is waited for: the job says so, and the pass is retried."""
+    try:
+        return await ctx.backend(backend).price(flavor)
+    except BackendNotEnabled as exc:
+        return Rejection(exc.reason, str(exc))
+    except UnknownFlavor as exc:
+        return Rejection(cond.INVALID_JOB, str(exc))
+    except BackendError as exc:
+        if not exc.transient:  # a refused token or request: retrying would only repeat it
+            ctx.note_failure(backend, exc.reason, str(exc))
+            return Rejection(exc.reason, f"{backend}: {exc}")
+        await _waiting(ctx, job, status, exc.reason, f"{backend} did not answer; retrying: {exc}")
+        raise Retry(f"price lookup failed: {exc}") from exc
+
+
 async def _admit(
     ctx: Context, job: dict[str, Any], status: AgentJobStatus, episode: dict[str, Any] | None
 ) -> Admission | None:
@@ -175,22 +194,10 @@ async def _admit(
         return None
     task, ep_spec, _ = decided
     assert episode is not None
-    try:
-        backend = ctx.backend(ep_spec.backend)
-        price = await backend.price(spec.flavor)
-    except BackendNotEnabled as exc:
-        await _reject(ctx, job, status, Rejection(exc.reason, str(exc)))
+    price = await _price(ctx, job, status, ep_spec.backend, spec.flavor)
+    if isinstance(price, Rejection):
+        await _reject(ctx, job, status, price)
         return None
-    except UnknownFlavor as exc:
-        await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, str(exc)))
-        return None
-    except BackendError as exc:
-        if not exc.transient:  # a refused token or request: retrying would only repeat it
-            ctx.note_failure(ep_spec.backend, exc.reason, str(exc))
-            await _reject(ctx, job, status, Rejection(exc.reason, f"{ep_spec.backend}: {exc}"))
-            return None
-        await _waiting(ctx, job, status, exc.reason, f"{ep_spec.backend} did not answer; retrying: {exc}")
-        raise Retry(f"price lookup failed: {exc}") from exc
     amount = ledger_math.reservation_for(price, spec.timeout_seconds)
     platform = spec.purpose == "score"
     max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs

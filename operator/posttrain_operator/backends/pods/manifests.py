@@ -168,6 +168,8 @@ def _volumes(config: PodsConfig, mounts: list[dict[str, Any]]) -> list[dict[str,
 
 
 def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
+    """A job's Pod, whole. One function of about 60 lines on purpose: the manifest reads top to bottom
+    as the API server receives it, and every security field of it is in view at once."""
     flavor = config.flavors.get(request.flavor)
     if flavor is None:
         raise UnknownFlavor(request.flavor, list(config.flavors))
