@@ -182,6 +182,16 @@ def _job_pod(release: Release, job: str) -> dict[str, Any]:
     return pod
 
 
+def _egress_report(pod: dict[str, Any]) -> dict[str, Any]:
+    """The launcher's egress report, which it leaves as the job container's termination message."""
+    for container in pod["status"]["containerStatuses"]:
+        message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+        if message:
+            report: dict[str, Any] = json.loads(message)
+            return report
+    raise AssertionError(f"no termination message in {pod['status']['containerStatuses']}")
+
+
 def _finished(release: Release, job: str) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         status: dict[str, Any] = release.json("get", "agentjob", job)["status"]
@@ -216,9 +226,11 @@ def test_a_hostile_job_is_refused_everywhere(
     assert len(found) == 6 + 3 + len(targets)
     opened = {k: v for k, v in found.items() if not v.startswith("refused")}
     assert not opened, opened
-    # The hostile job's own connects to the canary never arrived (the launcher's first probe round
-    # may have, before the policy was programmed: that is what its rounds are for).
-    assert canary.accepted <= accepted_before + 1
+    # The hostile job's own connects to the canary never arrived. The launcher's probe rounds before
+    # its last may have, while the policy was not yet programmed (that is what its rounds are for):
+    # how many rounds it took, its report in the pod's termination message says.
+    rounds = _egress_report(_job_pod(release, job))["rounds"]
+    assert canary.accepted <= accepted_before + rounds - 1, (canary.accepted, accepted_before, rounds)
     counts = release.json("get", "episode", episode)["status"]["egress"]
     assert counts == {"verified": 1, "open": 0}, counts
 
