@@ -8,6 +8,7 @@ the entries, so they can never drift from them. Invariant: reserved + settled <=
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -109,3 +110,13 @@ def settle(ledger: Ledger, job: str, cost: int) -> tuple[Ledger, int, bool]:
     if overrun:
         entries[f"{job}.overrun"] = LedgerEntry(settled_micro_usd=overrun, platform=True)
     return with_totals(ledger.model_copy(update={"entries": entries})), charged, True
+
+
+def settle_at_reservation(ledger: Ledger, jobs: Iterable[str]) -> Ledger:
+    """Settle each of `jobs` that still holds a reservation at the whole of it, its worst case: for a
+    job whose real run time can no longer be known. Unknown or already settled jobs are left as they are."""
+    for job in jobs:
+        entry = ledger.entries.get(job)
+        if entry is not None and entry.settled_micro_usd is None:
+            ledger, _, _ = settle(ledger, job, entry.reserved_micro_usd)
+    return ledger

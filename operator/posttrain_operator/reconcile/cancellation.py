@@ -70,12 +70,21 @@ async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, 
 
 
 async def cancel_all(
-    ctx: Context, body: dict[str, Any], reason: str, message: str, *, keep: str | None = None
+    ctx: Context,
+    body: dict[str, Any],
+    reason: str,
+    message: str,
+    *,
+    keep: str | None = None,
+    jobs: list[dict[str, Any]] | None = None,
 ) -> bool:
-    """Cancel every non-terminal job of the episode; True when every cancellation is confirmed."""
+    """Cancel every non-terminal job of the episode (`jobs`: as the caller just listed them); True
+    when every cancellation is confirmed."""
     meta = body["metadata"]
+    if jobs is None:
+        jobs = await ctx.kube.list_agentjobs(meta["namespace"], meta["name"])
     confirmed = True
-    for job in await ctx.kube.list_agentjobs(meta["namespace"], meta["name"]):
+    for job in jobs:
         job_name = job["metadata"]["name"]
         if job_name == keep or status_of(AgentJobStatus, job.get("status")).phase in TERMINAL_JOB_PHASES:
             continue

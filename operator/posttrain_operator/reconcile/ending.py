@@ -1,20 +1,27 @@
-"""How an Episode ends: its final status (one compare-and-swap), every job cancelled, and its
-backend's per-episode resources released once those are confirmed gone; also its deletion."""
+"""How an Episode ends: its final status (one compare-and-swap), every job cancelled, the ledger
+entries of jobs deleted unsettled settled, and its backend's per-episode resources released once every
+job is confirmed gone; also its deletion."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import EpisodeStatus, Outcome, status_of
-from posttrain_operator.api.rules import format_time
+from posttrain_operator.api.money import micro_to_usd
+from posttrain_operator.api.rules import ENDED_PHASES, format_time
 from posttrain_operator.backends.base import SupportsEpisodeCleanup
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
 
 log = logging.getLogger(__name__)
+
+# The Event an ended Episode gets when it settles the entries of jobs deleted without being settled.
+SETTLED_AT_RESERVATION = "SettledAtReservation"
 
 
 @dataclass(frozen=True)
@@ -23,6 +30,34 @@ class End:
     reward: str | None
     message: str
     phase: str = "Completed"
+
+
+@dataclass(frozen=True)
+class Vanished:
+    """What one settlement of vanished jobs settled, and what it added to the agent and platform totals."""
+
+    names: list[str]
+    agent: int
+    platform: int
+
+
+def vanished_jobs(status: EpisodeStatus, listed: Collection[str]) -> list[str]:
+    """The jobs an ended Episode's ledger holds a reservation for although their AgentJob is gone:
+    not in `listed`, the names of its AgentJobs as listed after it ended. Such a job was deleted
+    without the operator settling it (its finalizer removed by hand, so no delete handler ran).
+
+    An ended Episode admits no job, so its ledger takes no new entry, and every entry was made for a
+    job that existed when it was made: a job missing from a list read after the end is gone for good.
+    A running Episode is never judged (empty). Orphans are left to orphan collection, which has their
+    backend job's id."""
+    if status.phase not in ENDED_PHASES:
+        return []
+    orphaned = {o.name for o in status.orphaned_jobs}
+    return sorted(
+        name
+        for name, entry in status.ledger.entries.items()
+        if entry.settled_micro_usd is None and name not in orphaned and name not in listed
+    )
 
 
 async def set_status(ctx: Context, body: dict[str, Any], **update: Any) -> None:
@@ -65,6 +100,48 @@ async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
     ctx.emit(body, "Normal" if end.outcome == "Scored" else "Warning", end.outcome, end.message)
     if await cancel_all(ctx, body, cond.EPISODE_ENDED, f"episode ended: {end.message}"):
         await release_backend_resources(ctx, body)
+
+
+async def settle_ended(ctx: Context, body: dict[str, Any]) -> bool:
+    """A pass over an ended Episode whose ledger still holds reservations: the entries of jobs that are
+    gone are settled, the jobs that are not are cancelled (which settles them), from one list of its
+    jobs. True when every cancellation is confirmed."""
+    meta = body["metadata"]
+    jobs = await ctx.kube.list_agentjobs(meta["namespace"], meta["name"])
+    await settle_vanished(ctx, body, {job["metadata"]["name"] for job in jobs})
+    return await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode ended", jobs=jobs)
+
+
+async def settle_vanished(ctx: Context, body: dict[str, Any], listed: Collection[str]) -> None:
+    """Settle every entry `vanished_jobs` finds in one compare-and-swap, decided again on the status it
+    swaps (a settlement that got there first stands), and say so in an Event."""
+    # At the reservation, the worst case: the real minutes went with the AgentJob's status, and so did
+    # its backend job's id, so the backend cannot be asked; the job may have run, and on HF Jobs may
+    # still run up to its timeout (the pods backend's pods go with the episode's namespace). Anything
+    # less could show a spend below the bill; moving the reservation to settled keeps the invariant.
+    meta = body["metadata"]
+
+    def settle(_: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, Vanished]:
+        names = vanished_jobs(current, listed)
+        if not names:
+            return None, Vanished([], 0, 0)
+        ledger = ledger_math.settle_at_reservation(current.ledger, names)
+        agent = ledger.settled_micro_usd - current.ledger.settled_micro_usd
+        platform = ledger.platform_micro_usd - current.ledger.platform_micro_usd
+        return current.model_copy(update={"ledger": ledger}), Vanished(names, agent, platform)
+
+    update = await ctx.kube.update_episode_status(meta["namespace"], meta["name"], settle, seen=body)
+    if not update.written:
+        return
+    settled = update.result
+    ctx.metrics.settled.labels("agent").inc(settled.agent)
+    ctx.metrics.settled.labels("platform").inc(settled.platform)
+    message = (
+        f"settled {', '.join(settled.names)} at their reservation (${micro_to_usd(settled.agent)}): "
+        "deleted without the operator settling them (finalizer removed by hand), so their real run "
+        "time is unknown"
+    )
+    ctx.emit(body, "Warning", SETTLED_AT_RESERVATION, message)
 
 
 async def release_backend_resources(ctx: Context, body: dict[str, Any]) -> bool:

@@ -32,7 +32,6 @@ from posttrain_operator.api.rules import (
 )
 from posttrain_operator.backends.base import BackendError, SupportsEpisodeCleanup
 from posttrain_operator.ledger import with_totals
-from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import BackendNotEnabled, Context
 from posttrain_operator.reconcile.ending import (
     End,
@@ -40,6 +39,7 @@ from posttrain_operator.reconcile.ending import (
     fail_episode,
     release_backend_resources,
     set_status,
+    settle_ended,
 )
 from posttrain_operator.reconcile.orphans import collect_orphans
 from posttrain_operator.reconcile.scoring import check_scoring, start_scoring
@@ -111,7 +111,9 @@ async def reconcile_episode(
         elif status.phase == "Scoring":
             await check_scoring(ctx, body, spec, status, task)
         elif status.phase in ENDED_PHASES and _has_unsettled_jobs(status):
-            await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode ended")
+            # Cancels the jobs left, and settles the entries of jobs deleted unsettled, which would
+            # otherwise hold the Episode here (never released) for good.
+            await settle_ended(ctx, body)
         elif (
             status.phase in ENDED_PHASES
             and _needs_release(ctx, spec.backend, status)

@@ -381,3 +381,45 @@ def test_the_operator_records_the_exit_code_of_a_pod_job(
     assert (status["phase"], status["reason"], status["exitCode"]) == ("Failed", "JobFailed", 3), status
     assert "container exited with code 3" in status["message"]
     assert status["billedSeconds"] == 90  # from the container's start and end, as the kubelet wrote them
+
+
+def test_a_job_deleted_unsettled_is_settled_at_its_reservation_and_the_ended_episode_released(
+    kubectl: Kubectl, namespace: str, pods_operator: OperatorProcess
+) -> None:
+    """A user removes the operator's finalizer from a running job and deletes it, so no delete handler
+    settles it (the operator is down meanwhile, so it cannot put its finalizer back first). Once the
+    episode ends, the job's entry is settled at its reservation and the episode's namespace goes."""
+    apply(kubectl, namespace, episode_manifest("ep1", backend="pods", limits={"maxSteps": 1}))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    apply(kubectl, namespace, agentjob_manifest("job1", "ep1"))
+    job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Running"})
+    reserved = job["status"]["reservedMicroUSD"]
+    assert reserved > 0
+    ep_ns = job["status"]["backendJobId"].split("/")[0]
+
+    pods_operator.stop()
+    kubectl("-n", namespace, "patch", "agentjob", "job1", "--type=json",
+            "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]')  # fmt: skip
+    kubectl("-n", namespace, "delete", "agentjob", "job1", "--wait=true", "--timeout=30s")
+    pods_operator.start().wait_ready()
+    # What the gateway does on a tool call: the step limit is reached and the episode ends.
+    kubectl("-n", namespace, "patch", "episode", "ep1", "--subresource=status", "--type=merge",
+            "-p", '{"status": {"steps": 1}}')  # fmt: skip
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Completed"})
+
+    released = wait_for(
+        lambda: (e := get(kubectl, namespace, "episode", "ep1"))["status"].get("backendReleased") and e,
+        timeout=120,
+        what="the ended episode to release its namespace",
+    )
+    ledger = released["status"]["ledger"]
+    assert ledger["entries"]["job1"] == {"reservedMicroUSD": reserved, "settledMicroUSD": reserved,
+                                         "platform": False}  # fmt: skip
+    assert (ledger["reservedMicroUSD"], ledger["settledMicroUSD"]) == (0, reserved)
+    assert kubectl("get", "namespace", ep_ns, check=False).returncode != 0  # its pod went with it
+    event = wait_for(
+        lambda: kubectl_json(kubectl, "-n", namespace, "get", "events",
+                             "--field-selector=involvedObject.name=ep1,reason=SettledAtReservation")["items"],
+        what="the episode's SettledAtReservation event",
+    )  # fmt: skip
+    assert "job1" in event[0]["message"] and event[0]["type"] == "Warning"

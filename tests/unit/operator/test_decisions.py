@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import AgentJobSpec, EpisodeSpec, EpisodeStatus, Ledger
+from posttrain_operator.api.models import AgentJobSpec, EpisodeSpec, EpisodeStatus, Ledger, OrphanedJob
 from posttrain_operator.jobspec import InvalidJob, build_request, validate_against_task
 from posttrain_operator.reconcile.admission import Rejection, decide_admission, reserve_in
+from posttrain_operator.reconcile.ending import vanished_jobs
 from posttrain_operator.reconcile.episode import limit_reached
 from posttrain_operator.reconcile.finishing import format_score
 from posttrain_operator.reconcile.scoring import scoring_outcome
@@ -116,6 +117,21 @@ def test_reserve_in_is_a_no_op_for_a_job_already_reserved() -> None:
         None,
         None,
     )
+
+
+def test_only_an_ended_episode_judges_its_unlisted_unsettled_jobs_vanished() -> None:
+    running = _running(10_000, gone=100, listed=100, orphan=100, done=100)
+    running.ledger = ledger_math.settle(running.ledger, "done", 50)[0]
+    running.orphaned_jobs = [OrphanedJob(name="orphan", backend_job_id="job-9")]
+    listed = {"listed", "done"}
+    # Running (or Scoring): a job may yet be admitted, and a missing one is not judged at all.
+    assert vanished_jobs(running, listed) == []
+    assert vanished_jobs(running.model_copy(update={"phase": "Scoring"}), listed) == []
+    for phase in ("Completed", "Failed"):
+        ended = running.model_copy(update={"phase": phase})
+        # Not the listed job, not the settled one, not the orphan (its collection has its backend id).
+        assert vanished_jobs(ended, listed) == ["gone"]
+        assert vanished_jobs(ended, {*listed, "gone"}) == []
 
 
 def _spec(**limits: int) -> EpisodeSpec:

@@ -83,6 +83,21 @@ def test_platform_jobs_are_never_refused_and_never_charged() -> None:
     assert (settled.reserved_micro_usd, settled.settled_micro_usd, settled.platform_micro_usd) == (0, 0, 500)
 
 
+def test_settling_at_the_reservation_charges_the_worst_case_once_and_touches_nothing_else() -> None:
+    book = ledger.reserve(_fresh(10_000), "gone", 600).ledger
+    book = ledger.reserve(book, "done", 600).ledger
+    book = ledger.reserve(book, "score", 0, platform=True).ledger
+    book = ledger.settle(book, "done", 200)[0]
+    settled = ledger.settle_at_reservation(book, ["gone", "done", "score", "never-admitted"])
+    assert settled.entries["gone"].settled_micro_usd == 600
+    assert settled.entries["done"] == book.entries["done"]  # already settled: kept
+    assert settled.entries["score"].settled_micro_usd == 0 and settled.entries["score"].platform
+    assert "never-admitted" not in settled.entries
+    assert (settled.reserved_micro_usd, settled.settled_micro_usd, settled.platform_micro_usd) == (0, 800, 0)
+    assert ledger.invariant_holds(settled)
+    assert ledger.settle_at_reservation(settled, ["gone"]) == settled
+
+
 operations = st.lists(
     st.tuples(st.sampled_from(["reserve", "settle"]), st.integers(0, 9), st.integers(0, 5000)), max_size=60
 )

@@ -19,6 +19,7 @@ from posttrain_operator.k8s import Kube
 from posttrain_operator.reconcile.admission import reconcile_agentjob
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.ending import settle_ended
 from posttrain_operator.reconcile.episode import reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.orphans import collect_orphans
@@ -427,3 +428,83 @@ async def test_an_episode_with_unsettled_jobs_is_not_released(world: World) -> N
     world.job("j1")
     await reconcile_episode(world.ctx, NS, "ep")
     assert backend.release_calls == []
+
+
+def _recorded(world: World) -> list[tuple[str, str, str, str]]:
+    """The Events the reconcilers post, as (object, type, reason, message)."""
+    events: list[tuple[str, str, str, str]] = []
+    world.ctx.emit = lambda body, type_, reason, message: events.append(
+        (body["metadata"]["name"], type_, reason, message)
+    )
+    return events
+
+
+async def _delete_unsettled(world: World, name: str) -> None:
+    """What a user does who removes the operator's finalizer by hand and deletes the job: it is gone
+    at once, and no delete handler ever settles it (the fake keeps no finalizers)."""
+    await world.api.delete_namespaced_custom_object("posttrain.dev", "v1alpha1", NS, "agentjobs", name)
+    assert ("agentjobs", NS, name) not in world.api.objects
+
+
+async def test_an_ended_episode_settles_a_job_deleted_unsettled_at_its_reservation_then_releases(
+    world: World,
+) -> None:
+    backend = ReleasingBackend()
+    backend.gone_after = 1
+    world.ctx.backends["pods"] = backend
+    events = _recorded(world)
+    await started(world, backend="pods", limits={"maxSteps": 1})
+    for name in ("j1", "j2"):
+        world.job(name)
+        await reconcile_agentjob(world.ctx, NS, name)
+    await _delete_unsettled(world, "j1")
+    world.api.objects[("episodes", NS, "ep")]["status"]["steps"] = 1
+    await reconcile_episode(world.ctx, NS, "ep")  # the step limit: ended, and j2 cancelled
+    assert world.status("episodes", "ep")["phase"] == "Completed"
+    reserved = CPU_BASIC * 10
+    assert world.ledger()["entries"]["j1"] == {"reservedMicroUSD": reserved, "platform": False}
+
+    world.api.reset_calls()
+    await reconcile_episode(world.ctx, NS, "ep", world.api.obj("episodes", NS, "ep"))
+    ledger = world.ledger()
+    assert ledger["entries"]["j1"]["settledMicroUSD"] == reserved  # its worst case: its minutes are unknown
+    # The job that existed was cancelled, at what the backend reported (the fake's cancel bills nothing).
+    assert ledger["entries"]["j2"]["settledMicroUSD"] == 0
+    assert (ledger["reservedMicroUSD"], ledger["settledMicroUSD"]) == (0, reserved)
+    assert world.api.calls["replace_namespaced_custom_object_status"] == 1  # one ledger write
+    (warning,) = [e for e in events if e[2] == "SettledAtReservation"]
+    assert warning[:2] == ("ep", "Warning") and "j1" in warning[3] and "j2" not in warning[3]
+
+    # Nothing is left unsettled: the next pass releases the episode's namespace, and then it is idle.
+    await reconcile_episode(world.ctx, NS, "ep", world.api.obj("episodes", NS, "ep"))
+    assert world.status("episodes", "ep")["backendReleased"] is True
+    world.api.reset_calls()
+    await reconcile_episode(world.ctx, NS, "ep", world.api.obj("episodes", NS, "ep"))
+    assert world.api.calls == {}
+
+
+async def test_settling_vanished_jobs_is_idempotent_and_decided_on_the_status_it_swaps(world: World) -> None:
+    """An Episode recorded as ended by an operator that died before cancelling anything: a second pass
+    (a stale copy, or a second reconcile racing the first) settles nothing twice and says nothing twice."""
+    events = _recorded(world)
+    await started(world)
+    for name in ("j1", "j2"):
+        world.job(name)
+        await reconcile_agentjob(world.ctx, NS, name)
+    world.api.objects[("episodes", NS, "ep")]["status"]["phase"] = "Completed"
+    await _delete_unsettled(world, "j1")
+    stale = world.api.obj("episodes", NS, "ep")
+
+    await settle_ended(world.ctx, stale)
+    once = world.ledger()
+    assert once["entries"]["j1"]["settledMicroUSD"] == CPU_BASIC * 10
+    assert once["entries"]["j2"]["settledMicroUSD"] == 0  # cancelled before it started: its minutes
+    assert world.status("agentjobs", "j2")["phase"] == "Cancelled"
+
+    world.api.reset_calls()
+    await settle_ended(world.ctx, stale)  # its copy predates the first settlement: one 409, then nothing
+    assert world.ledger() == once
+    assert world.api.calls["replace_namespaced_custom_object_status"] == 1
+    assert world.api.writes() == 1
+    assert [e[2] for e in events].count("SettledAtReservation") == 1
+    assert world.backend.stats.calls["cancel"] == 1
