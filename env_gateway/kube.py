@@ -16,15 +16,12 @@ import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
-from urllib.request import proxy_bypass
 
-from aiohttp import ClientSession
-from aiohttp.helpers import basicauth_from_netrc, netrc_from_env, proxies_from_env
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import GROUP, VERSION
 from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
+from posttrain_operator.client_environment import read_environment_once
 
 from env_gateway.cache import Store, wait_until
 
@@ -71,43 +68,9 @@ async def make_api_client(kubeconfig: str | None) -> client.ApiClient:
     if token_file is not None:  # reread as it rotates (kubernetes_asyncio reads a tokenFile once)
         cfg.refresh_api_key_hook = RereadTokenFile(token_file)
     api_client = client.ApiClient(configuration=cfg)
-    _environment_read_once(api_client.rest_client, cfg.host)
+    read_environment_once(api_client.rest_client, cfg.host)
     _retry_too_many_requests(api_client.rest_client)
     return api_client
-
-
-# kubernetes_asyncio's read buffer (a watch event carries a whole object; etcd allows 1.5 MiB).
-READ_BUFSIZE = 2**21
-
-
-def _environment_read_once(rest_client: Any, url: str | None) -> None:
-    """kubernetes_asyncio's session trusts the environment (`HTTPS_PROXY`/`NO_PROXY`, `~/.netrc`),
-    which aiohttp reads again on every request, in worker threads (a tool call's step write took two
-    thread hand-offs). Read it once here, for the client's one URL: when it names neither a proxy nor
-    netrc credentials for it (the usual case), the session stops asking; otherwise it stays as it is."""
-    if url is None or _environment_names(url, proxy_configured=bool(rest_client.proxy)):
-        return
-    session: ClientSession = rest_client.pool_manager
-    connector = session.connector
-    session.detach()  # the connector (its TLS context, its pool) goes to the new session
-    rest_client.pool_manager = ClientSession(connector=connector, trust_env=False, read_bufsize=READ_BUFSIZE)
-
-
-def _environment_names(url: str, *, proxy_configured: bool) -> bool:
-    """Whether a session that trusts the environment takes anything from it for `url` (as aiohttp
-    reads it): netrc credentials for its host, or, unless the configuration names a proxy, a proxy for
-    its scheme that `NO_PROXY` does not bypass."""
-    parts = urlsplit(url)
-    host = parts.hostname
-    if host is not None:
-        try:
-            basicauth_from_netrc(netrc_from_env(), host)
-            return True
-        except LookupError:
-            pass
-    if proxy_configured or (host is not None and proxy_bypass(host)):
-        return False
-    return parts.scheme in proxies_from_env()
 
 
 def _retry_too_many_requests(rest_client: Any) -> None:

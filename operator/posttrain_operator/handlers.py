@@ -90,6 +90,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # kopf posts an Event per handler run by default; ours are posted where they mean something.
     settings.posting.level = logging.WARNING
     logging.getLogger("httpx2").setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").addFilter(_drop_observer_successes)
     memo.ctx = await build_context(config)
     await check_backends(memo.ctx)
     memo.metrics = await serve_metrics(memo.ctx)
@@ -156,6 +157,15 @@ async def agentjob_reconcile(
 async def agentjob_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
     memo.active.observe(dict(body), deleted=type == "DELETED")
     memo.ctx.metrics.view.observe_job(body, deleted=type == "DELETED")
+
+
+# kopf logs each handler's success; the observer runs on every watch event of every job, so its
+# successes would be most of the log, and a share of the CPU, while saying nothing.
+_OBSERVER_SUCCESS = "Handler 'agentjob_observe' succeeded."
+
+
+def _drop_observer_successes(record: logging.LogRecord) -> bool:
+    return record.getMessage() != _OBSERVER_SUCCESS
 
 
 @kopf.on.delete(*AGENTJOBS)

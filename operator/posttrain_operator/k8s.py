@@ -18,6 +18,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, EpisodeStatus, status_of
 from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
+from posttrain_operator.client_environment import read_environment_once
 
 MERGE_PATCH = "application/merge-patch+json"
 # In the API server's audit log, the reconcilers' calls (kopf's own carry "kopf/<version>").
@@ -60,11 +61,14 @@ async def make_api_client() -> client.ApiClient:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         token_file = IN_CLUSTER_TOKEN
     except config.ConfigException:
-        await config.load_kube_config(client_configuration=cfg)
-        token_file = kubeconfig_token_file(os.environ.get("KUBECONFIG") or Path.home() / ".kube" / "config")
+        # Named here, as read now: kubernetes_asyncio's default is KUBECONFIG as it was at its import.
+        kubeconfig = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        token_file = kubeconfig_token_file(kubeconfig)
     if token_file is not None:
         cfg.refresh_api_key_hook = RereadTokenFile(token_file)
     api_client = client.ApiClient(configuration=cfg)
+    read_environment_once(api_client.rest_client, cfg.host)
     api_client.user_agent = USER_AGENT
     return api_client
 
@@ -249,7 +253,9 @@ class Kube:
         )
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
-        await self.core.create_namespaced_event(namespace, event)  # type: ignore[arg-type]
+        # The created Event is not read: unparsed, its answer skips building the client's model of it.
+        answer: Any = await self.core.create_namespaced_event(namespace, event, _preload_content=False)  # type: ignore[arg-type]
+        answer.release()
 
     # --- the leader's Lease (coordination.k8s.io): plain dicts in and out ----------------------------
 

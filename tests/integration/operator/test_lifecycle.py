@@ -70,6 +70,18 @@ def test_job_is_admitted_run_and_settled_at_billed_minutes(
     assert ledger["settledMicroUSD"] == CPU_BASIC_MICRO_PER_MINUTE
     assert ledger["spentUSD"] == "0.000167"
 
+    # The job's story is told in Events, and kopf's log keeps its per-job lines but none per watch event.
+    wait_for(
+        lambda: {"Admitted", "Submitted"} <= {
+            e["reason"] for e in kubectl_json(kubectl, "-n", namespace, "get", "events",
+                                              "--field-selector=involvedObject.name=job1")["items"]
+        },
+        what="the job's Admitted and Submitted events",
+    )  # fmt: skip
+    logs = operator.logs()
+    assert "Handler 'agentjob_reconcile' succeeded." in logs
+    assert "Handler 'agentjob_observe' succeeded." not in logs
+
 
 def test_job_over_budget_is_rejected_with_the_numbers(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess

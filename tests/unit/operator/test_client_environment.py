@@ -1,5 +1,6 @@
-"""The API client's HTTP session reads the environment (proxy variables, ~/.netrc) once, when it is made:
-a session that trusts it would read it again on every request, in worker threads."""
+"""A kubernetes_asyncio client's HTTP session, the operator's and the gateway's, reads the environment
+(proxy variables, ~/.netrc) once, when it is made: a session that trusts it would read it again on
+every request, in worker threads."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
+from posttrain_operator import k8s
+from posttrain_operator.client_environment import read_environment_once
 
-from env_gateway.kube import _environment_read_once
+from env_gateway import kube as gateway_kube
 
 API = "https://10.0.0.1:6443"
 
@@ -31,7 +34,7 @@ async def trusts_environment(proxy: str | None = None) -> bool:
     api = client.ApiClient(configuration=cfg)
     try:
         connector = api.rest_client.pool_manager.connector
-        _environment_read_once(api.rest_client, cfg.host)
+        read_environment_once(api.rest_client, cfg.host)
         assert api.rest_client.pool_manager.connector is connector  # the same pool and TLS context
         trusts: bool = api.rest_client.pool_manager.trust_env
         return trusts
@@ -64,3 +67,22 @@ async def test_netrc_credentials_for_the_api_server_keep_the_environment_trusted
     assert not await trusts_environment()
     plain_environment.write_text("machine 10.0.0.1 login a password b\n")
     assert await trusts_environment()
+
+
+async def test_both_clients_are_made_with_the_environment_read_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: '{API}', insecure-skip-tls-verify: true}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    for api in (await k8s.make_api_client(), await gateway_kube.make_api_client(None)):
+        try:
+            assert api.configuration.host == API
+            assert not api.rest_client.pool_manager.trust_env
+        finally:
+            await api.close()
