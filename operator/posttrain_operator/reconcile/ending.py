@@ -17,11 +17,9 @@ from posttrain_operator.api.rules import ENDED_PHASES, format_time
 from posttrain_operator.backends.base import SupportsEpisodeCleanup
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.finishing import SETTLED_AT_RESERVATION
 
 log = logging.getLogger(__name__)
-
-# The Event an ended Episode gets when it settles the entries of jobs deleted without being settled.
-SETTLED_AT_RESERVATION = "SettledAtReservation"
 
 
 @dataclass(frozen=True)

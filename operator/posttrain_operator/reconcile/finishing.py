@@ -34,6 +34,9 @@ from posttrain_operator.reconcile.orphan_records import without_orphan
 
 log = logging.getLogger(__name__)
 
+# The Event an Episode gets when it settles the entry of a job deleted without being settled.
+SETTLED_AT_RESERVATION = "SettledAtReservation"
+
 
 def format_score(score: float) -> str:
     """A decimal string with at most six decimals and no float noise: 1.0 -> '1', 0.955 -> '0.955'."""

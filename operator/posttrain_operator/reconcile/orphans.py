@@ -1,16 +1,21 @@
 """Orphan collection: retry each orphaned job's cancellation when it is due, backing off
-exponentially between attempts (see `orphan_records.retry_delay`), until the backend confirms."""
+exponentially between attempts (see `orphan_records.retry_delay`), until the backend confirms. An
+orphan whose AgentJob is gone is cancelled by the backend job id its Episode recorded."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import EpisodeStatus, status_of
+from posttrain_operator.api.models import EpisodeStatus, OrphanedJob, status_of
+from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import parse_time
+from posttrain_operator.backends.base import BackendError, Handle
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
-from posttrain_operator.reconcile.orphan_records import retried
+from posttrain_operator.reconcile.finishing import SETTLED_AT_RESERVATION
+from posttrain_operator.reconcile.orphan_records import retried, without_orphan
 
 
 async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
@@ -24,9 +29,12 @@ async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
         if due is not None and now < due:
             continue
         async with ctx.locks("agentjob", namespace, orphan.name):
-            confirmed = await cancel_agentjob(
-                ctx, namespace, orphan.name, cond.EPISODE_ENDED, "orphan collected"
-            )
+            if await ctx.kube.get_agentjob(namespace, orphan.name) is None:
+                confirmed = await _collect_vanished(ctx, body, orphan)
+            else:
+                confirmed = await cancel_agentjob(
+                    ctx, namespace, orphan.name, cond.EPISODE_ENDED, "orphan collected"
+                )
         if confirmed:
             ctx.emit(body, "Normal", "OrphanCollected", f"backend confirmed cancellation of {orphan.name}")
             continue
@@ -37,3 +45,53 @@ async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
             return retried(ctx, episode, current, job), None
 
         await ctx.kube.update_episode_status(namespace, name, later)
+
+
+def settled_vanished_orphan(
+    ctx: Context, episode: dict[str, Any], status: EpisodeStatus, name: str
+) -> EpisodeStatus | None:
+    """The orphan `name`, whose AgentJob is gone and whose backend job is confirmed stopped, settled at
+    its reservation and off the list; None when that is done already."""
+    # At the reservation, the worst case: the job's flavor, and so its price per minute, went with
+    # the AgentJob, so the minutes the backend reports cannot be priced.
+    ledger = ledger_math.settle_at_reservation(status.ledger, [name])
+    new = status if ledger == status.ledger else status.model_copy(update={"ledger": ledger})
+    new = without_orphan(ctx, episode, new, name) or new
+    return None if new is status else new
+
+
+async def _collect_vanished(ctx: Context, body: dict[str, Any], orphan: OrphanedJob) -> bool:
+    """An orphan whose AgentJob was deleted unsettled (its finalizer removed by hand): cancel its
+    backend job by the id the Episode recorded; once that is confirmed, settle it (one
+    compare-and-swap). True when confirmed."""
+    backend = ctx.backends.get(body["spec"]["backend"])
+    if backend is None:
+        return False  # not enabled here: nothing can confirm it, so it is retried with backoff
+    if orphan.backend_job_id:  # none recorded: nothing was ever submitted, so nothing to cancel
+        try:
+            if not await backend.cancel(Handle(orphan.backend_job_id)):
+                return False
+        except BackendError:
+            return False
+    meta = body["metadata"]
+
+    def settle(
+        episode: dict[str, Any], current: EpisodeStatus
+    ) -> tuple[EpisodeStatus | None, tuple[int, int] | None]:
+        new = settled_vanished_orphan(ctx, episode, current, orphan.name)
+        if new is None or new.ledger == current.ledger:
+            return new, None  # at most taken off the list: another pass settled it first
+        agent = new.ledger.settled_micro_usd - current.ledger.settled_micro_usd
+        return new, (agent, new.ledger.platform_micro_usd - current.ledger.platform_micro_usd)
+
+    update = await ctx.kube.update_episode_status(meta["namespace"], meta["name"], settle, seen=body)
+    if update.written and update.result is not None:
+        agent, platform = update.result
+        ctx.metrics.settled.labels("agent").inc(agent)
+        ctx.metrics.settled.labels("platform").inc(platform)
+        message = (
+            f"settled {orphan.name} at its reservation (${micro_to_usd(agent)}): deleted without the "
+            "operator settling it (finalizer removed by hand), so its real run time cannot be priced"
+        )
+        ctx.emit(body, "Warning", SETTLED_AT_RESERVATION, message)
+    return True

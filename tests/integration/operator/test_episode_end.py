@@ -135,3 +135,35 @@ def test_unconfirmed_cancel_orphans_blocks_and_is_collected(
     )
     assert cleared["status"]["ledger"]["reservedMicroUSD"] == 0
     wait_phase(kubectl, namespace, "episode", "ep2", {"Running"}, timeout=60)
+
+
+@LONG_JOBS
+def test_an_orphan_deleted_unsettled_is_cancelled_by_its_recorded_id_and_settled_at_its_reservation(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
+) -> None:
+    """A user removes the operator's finalizer from an orphaned job and deletes it (the operator is down
+    meanwhile, so it cannot put its finalizer back first): the orphan is still collected."""
+    backend_id = _start_with_running_job(kubectl, namespace, emulator, maxSteps=1)
+    emulator.inject("cancel_ignored", job_id=backend_id, count=None)
+    _count_steps(kubectl, namespace, 1)
+    reserved = wait_phase(kubectl, namespace, "agentjob", "job1", {"Orphaned"})["status"]["reservedMicroUSD"]
+    wait_for(lambda: get(kubectl, namespace, "episode", "ep1")["status"].get("orphanedJobs"))
+
+    operator.stop()
+    kubectl("-n", namespace, "patch", "agentjob", "job1", "--type=json",
+            "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]')  # fmt: skip
+    kubectl("-n", namespace, "delete", "agentjob", "job1", "--wait=true", "--timeout=30s")
+    operator.start().wait_ready()
+    emulator.clear_faults()
+
+    cleared = wait_for(
+        lambda: not (e := get(kubectl, namespace, "episode", "ep1"))["status"].get("orphanedJobs") and e,
+        timeout=60,
+        what="the orphan to be collected",
+    )
+    assert emulator.job(backend_id)["status"]["stage"] == "CANCELED"  # by the id the Episode recorded
+    ledger = cleared["status"]["ledger"]
+    assert ledger["entries"]["job1"]["settledMicroUSD"] == reserved > 0
+    assert (ledger["reservedMicroUSD"], ledger["settledMicroUSD"]) == (0, reserved)
+    apply(kubectl, namespace, episode_manifest("ep2"))
+    wait_phase(kubectl, namespace, "episode", "ep2", {"Running"})  # the namespace is no longer blocked

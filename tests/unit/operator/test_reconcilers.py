@@ -508,3 +508,42 @@ async def test_settling_vanished_jobs_is_idempotent_and_decided_on_the_status_it
     assert world.api.writes() == 1
     assert [e[2] for e in events].count("SettledAtReservation") == 1
     assert world.backend.stats.calls["cancel"] == 1
+
+
+async def test_an_orphan_deleted_unsettled_is_cancelled_by_its_recorded_id_then_settled_at_its_reservation(
+    world: World,
+) -> None:
+    events = _recorded(world)
+    await started(world)
+    world.job()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    job_id = world.backend.only_job()
+    world.backend.confirm_cancel = False
+    assert not await cancel_agentjob(world.ctx, NS, "j1", cond.EPISODE_ENDED, "test")
+    await _delete_unsettled(world, "j1")
+
+    world.clock.advance(5)
+    await collect_orphans(world.ctx, NS, "ep")  # the job is gone, its backend job is not: still orphaned
+    (orphan,) = world.status("episodes", "ep")["orphanedJobs"]
+    assert (orphan["name"], orphan["attempts"]) == ("j1", 2)
+    assert world.backend.stats.calls["cancel"] == 2  # by the id the Episode recorded
+    assert "settledMicroUSD" not in world.ledger()["entries"]["j1"]
+
+    world.backend.confirm_cancel = True
+    world.clock.advance(10)
+    await collect_orphans(world.ctx, NS, "ep")
+    episode = world.status("episodes", "ep")
+    assert world.backend.jobs[job_id].status.stage == "cancelled"
+    assert episode["orphanedJobs"] == []
+    assert next(c for c in episode["conditions"] if c["type"] == cond.ORPHANED)["status"] == "False"
+    reserved = CPU_BASIC * 10
+    assert episode["ledger"]["entries"]["j1"]["settledMicroUSD"] == reserved  # its flavor went with it
+    assert (episode["ledger"]["reservedMicroUSD"], episode["ledger"]["settledMicroUSD"]) == (0, reserved)
+    assert [e[2] for e in events].count("OrphanCollected") == 1
+    assert [e[:3] for e in events if e[2] == "SettledAtReservation"] == [
+        ("ep", "Warning", "SettledAtReservation")
+    ]
+
+    world.api.reset_calls()
+    await collect_orphans(world.ctx, NS, "ep")  # nothing is left to collect
+    assert world.api.writes() == 0 and world.backend.stats.calls["cancel"] == 3
