@@ -24,6 +24,7 @@ from posttrain_operator.k8s import Conflict
 from posttrain_operator.leader import Leadership
 from posttrain_operator.reconcile.admission import reconcile_agentjob
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
+from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.ending import finalize_episode
 from posttrain_operator.reconcile.episode import reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
@@ -188,21 +189,34 @@ async def episode_tick(
     stopped: kopf.DaemonStopped,
     **_: Any,
 ) -> None:
-    tick = memo.ctx.settings.episode_tick_seconds
+    key = (_namespaced(namespace), name)
+    memo.ctx.watched_episodes[key] = body
+    try:
+        await _tick_until_stopped(memo.ctx, key, body, stopped)
+    finally:  # stopped: the Episode is being deleted, or the operator is stopping
+        memo.ctx.watched_episodes.pop(key, None)
+        memo.ctx.metrics.view.observe_episode(body, deleted=True)
+
+
+async def _tick_until_stopped(
+    ctx: Context, key: tuple[str, str], body: kopf.Body, stopped: kopf.DaemonStopped
+) -> None:
+    namespace, name = key
+    tick = ctx.settings.episode_tick_seconds
     failures = 0
     while not stopped:
         delay = tick
         # The metrics' view of the Episode, from the same body: a tick behind at most, and no handler
         # run (or log line) per watch event.
-        memo.ctx.metrics.view.observe_episode(body)
+        ctx.metrics.view.observe_episode(body)
         try:
             # The body kopf keeps current from the watch: an idle tick costs no API call. kopf swaps in
             # each event's body whole and never edits one, so a shallow snapshot is enough (a deep
             # copy, managed fields and all, cost three times the tick's own work).
-            await reconcile_episode(memo.ctx, _namespaced(namespace), name, dict(body))
+            await reconcile_episode(ctx, namespace, name, dict(body))
             failures = 0
         except Exception as exc:
-            memo.ctx.metrics.reconcile_errors.labels("Episode", type(exc).__name__).inc()
+            ctx.metrics.reconcile_errors.labels("Episode", type(exc).__name__).inc()
             failures += 1
             delay = backoff(tick, failures)
             if isinstance(exc, (Retry, Conflict, BackendError, LookupError)):
@@ -213,8 +227,6 @@ async def episode_tick(
             else:
                 log.warning("episode %s/%s failed again; retrying in %.0fs", namespace, name, delay)
         await stopped.wait(delay)
-    # Stopped: the Episode is being deleted, or the operator is stopping.
-    memo.ctx.metrics.view.observe_episode(body, deleted=True)
 
 
 @kopf.on.delete(*EPISODES)

@@ -1,11 +1,11 @@
 """Admission: refuse what the episode or its task does not allow, reserve the job's worst case on the
 Episode's ledger (one compare-and-swap), then hand the job to submission.
 
-One pass over a new job reads it and its Episode (together), writes the ledger once, and writes the
-job's status twice (admitted with its idempotency key just before the backend call, while the job is
-adopted under its Episode; then submitted). Every step is
-idempotent and resumable from the job's status alone: the ledger entry is keyed by job name, so a
-pass retried after a crash finds its own reservation and changes nothing.
+One pass over a new job reads it (its Episode comes from the watch, or is read beside it), writes the
+ledger once while the job is adopted under its Episode, and writes the job's status twice (admitted
+with its idempotency key just before the backend call; then submitted). Every step is idempotent and
+resumable from the job's status alone: the ledger entry is keyed by job name, so a pass retried after
+a crash finds its own reservation and changes nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from posttrain_operator.api.rules import allowed_flavors, jobs_running, limits_i
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
 from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_against_task
 from posttrain_operator.reconcile.context import BackendNotEnabled, Context
-from posttrain_operator.reconcile.jobs import Retry, admitting_phases, with_condition, write_job_status
+from posttrain_operator.reconcile.jobs import Retry, admitting_phases, adopt, with_condition, write_job_status
 from posttrain_operator.reconcile.submission import Admission, resume_submission, submit_admitted
 
 
@@ -128,12 +128,12 @@ async def reconcile_agentjob(
     job as the watch last saw it) is only a hint: a job it shows as new has its Episode read at the
     same time as itself; every decision is taken on the fresh read."""
     async with ctx.locks("agentjob", namespace, name):
-        job, episode = await _read(ctx, namespace, name, observed)
+        job, episode, watched = await _read(ctx, namespace, name, observed)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return
         status = status_of(AgentJobStatus, job.get("status"))
         if status.phase in (None, "Pending"):
-            admission = await _admit(ctx, job, status, episode)
+            admission = await _admit(ctx, job, status, episode, watched=watched)
             if admission is not None:
                 await submit_admitted(ctx, job, admission)
         elif status.phase == "Admitted":
@@ -142,18 +142,22 @@ async def reconcile_agentjob(
 
 async def _read(
     ctx: Context, namespace: str, name: str, observed: dict[str, Any] | None
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The job, and (when it looks new) its Episode, read concurrently; None for the Episode when it
-    was not read (absent it is read again, so "not read" and "not found" need no telling apart)."""
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
+    """The job, and (when it looks new) its Episode: as last watched (then True) when the operator
+    watches it, else read concurrently with the job. None for the Episode when it was not looked up
+    (absent it is read again, so "not read" and "not found" need no telling apart)."""
     hint = observed or {}
     episode_name = (hint.get("spec") or {}).get("episode")
     looks_new = (hint.get("status") or {}).get("phase") in (None, "Pending")
     if not (looks_new and isinstance(episode_name, str)):
-        return await ctx.kube.get_agentjob(namespace, name), None
+        return await ctx.kube.get_agentjob(namespace, name), None, False
+    watched = ctx.watched_episodes.get((namespace, episode_name))
+    if watched is not None:
+        return await ctx.kube.get_agentjob(namespace, name), dict(watched), True
     job, episode = await asyncio.gather(
         ctx.kube.get_agentjob(namespace, name), ctx.kube.get_episode(namespace, episode_name)
     )
-    return job, episode
+    return job, episode, False
 
 
 async def _price(
@@ -176,9 +180,16 @@ async def _price(
 
 
 async def _admit(
-    ctx: Context, job: dict[str, Any], status: AgentJobStatus, episode: dict[str, Any] | None
+    ctx: Context,
+    job: dict[str, Any],
+    status: AgentJobStatus,
+    episode: dict[str, Any] | None,
+    *,
+    watched: bool = False,
 ) -> Admission | None:
-    """Reserve on the ledger; None when the job is refused (and marked Rejected)."""
+    """Reserve on the ledger; None when the job is refused (and marked Rejected). A watched copy of
+    the Episode is as good as a read for admitting (the ledger's compare-and-swap proves it current, or
+    retries from a read), but a refusal is decided on a read only: the copy may be a little behind."""
     meta = job["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     try:
@@ -187,8 +198,11 @@ async def _admit(
         await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, f"invalid spec: {exc}"))
         return None
     if episode is None or episode["metadata"]["name"] != spec.episode:
-        episode = await ctx.kube.get_episode(namespace, spec.episode)
+        episode, watched = await ctx.kube.get_episode(namespace, spec.episode), False
     decided = decide_admission(job, spec, episode)
+    if isinstance(decided, Rejection) and watched:
+        episode = await ctx.kube.get_episode(namespace, spec.episode)
+        decided = decide_admission(job, spec, episode)
     if isinstance(decided, Rejection):
         await _reject(ctx, job, status, decided)
         return None
@@ -208,7 +222,14 @@ async def _admit(
             current, name, amount, platform=platform, max_concurrent=max_concurrent, allowed_phases=phases
         )
 
-    update = await ctx.kube.update_episode_status(namespace, spec.episode, reserve, seen=episode)
+    # The adoption writes the job, so it goes beside the ledger's write rather than the job's status
+    # write: two writes to one object at once make the API server retry one of them.
+    update, _ = await asyncio.gather(
+        ctx.kube.update_episode_status(namespace, spec.episode, reserve, seen=episode),
+        adopt(ctx, job, episode),
+    )
+    if update.result is not None and watched:  # refused without a write, so maybe on a stale copy
+        update = await ctx.kube.update_episode_status(namespace, spec.episode, reserve)
     if update.result is not None:
         await _reject(ctx, job, status, update.result)
         return None
@@ -232,4 +253,4 @@ async def _admit(
         }
     )
     status = with_condition(ctx, job, status, cond.ADMITTED, True, "Reserved", message)
-    return Admission(spec, task, episode, status, message)
+    return Admission(spec, task, status, message)

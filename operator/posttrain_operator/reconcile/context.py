@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -58,6 +58,9 @@ class Context:
     # True while another replica holds the leader's Lease: this one acts on nothing.
     standby: bool = False
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    # Each running Episode as its watch last delivered it (kopf's live body, swapped whole per event):
+    # admission starts from it instead of a read, and its compare-and-swap proves it current.
+    watched_episodes: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
 
     def set_condition(
         self,

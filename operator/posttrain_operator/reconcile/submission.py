@@ -5,7 +5,6 @@ anything is sent again."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,7 +30,6 @@ class Admission:
 
     spec: AgentJobSpec
     task: Task
-    episode: dict[str, Any]
     status: AgentJobStatus
     message: str
 
@@ -93,16 +91,13 @@ async def _submit(
     *,
     admitted: Admission | None = None,
 ) -> None:
-    """Record the submission's start, then submit. A new admission is recorded in the same write,
-    while the job is adopted by its Episode: both are done before anything is submitted."""
+    """Record the submission's start, then submit. A new admission is recorded in the same write."""
     meta = job["metadata"]
     request = build_request(spec=spec, task=task, namespace=meta["namespace"], job_name=meta["name"],
                             uid=meta["uid"])  # fmt: skip
     status = status.model_copy(update={"submit_started_at": format_time(ctx.clock())})
-    if admitted is None:
-        await write_job_status(ctx, job, status)
-    else:
-        await asyncio.gather(write_job_status(ctx, job, status), adopt(ctx, job, admitted.episode))
+    await write_job_status(ctx, job, status)
+    if admitted is not None:
         ctx.emit(job, "Normal", "Admitted", admitted.message)
     handle = await backend.submit(request)
     await _record_submitted(ctx, job, status, handle)
