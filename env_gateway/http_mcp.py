@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
@@ -39,6 +38,21 @@ class JsonReply(Response):
         return encode_json(content)
 
 
+# The headers /mcp decides on, as ASGI names them (lower case).
+READ_HEADERS = frozenset({b"authorization", b"host", b"mcp-session-id", b"mcp-protocol-version"})
+
+
+def read_headers(scope: Scope) -> dict[bytes, str]:
+    """The first value of each of READ_HEADERS that the request has, as Starlette's `Headers.get`
+    finds it, in one pass over the headers (rather than one pass, and an exception for an absent
+    header, per lookup)."""
+    found: dict[bytes, str] = {}
+    for key, value in scope["headers"]:
+        if key in READ_HEADERS and key not in found:
+            found[key] = value.decode("latin-1")
+    return found
+
+
 def host_allowed(host: str | None, patterns: list[str]) -> bool:
     """The MCP SDK's DNS-rebinding rule (exact, or `name:*` for any port), for the paths it doesn't serve."""
     if not host:
@@ -61,9 +75,9 @@ class HybridMcp:
         self._sdk_in_flight: set[tuple[str, str]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = Headers(scope=scope)
-        token = bearer(headers.get("authorization"))
-        if not host_allowed(headers.get("host"), self.gateway.settings.allowed_hosts):
+        headers = read_headers(scope)
+        token = bearer(headers.get(b"authorization"))
+        if not host_allowed(headers.get(b"host"), self.gateway.settings.allowed_hosts):
             await JsonReply({"error": {"code": "invalid_host", "message": "Host not allowed"}}, 421)(
                 scope, receive, send
             )
@@ -86,9 +100,9 @@ class HybridMcp:
                 scope, receive, send
             )
             return
-        sdk_session = headers.get("mcp-session-id")
+        sdk_session = headers.get(b"mcp-session-id")
         # An SDK message: of a session (2025 era), or self-contained with its protocol version (2026).
-        for_sdk = sdk_session is not None or headers.get("mcp-protocol-version") is not None
+        for_sdk = sdk_session is not None or headers.get(b"mcp-protocol-version") is not None
         # Streamable HTTP refuses bad input with a 4xx; the OpenEnv dialect answers 200, as upstream.
         refused = 400 if for_sdk else 200
         try:

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import Depends, FastAPI, Response, WebSocket
+from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import HTTPConnection
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.logging import AccessFormatter
 
 from env_gateway import __version__
 from env_gateway.config import GatewaySettings
@@ -27,6 +31,8 @@ from env_gateway.sessions import Sessions
 from env_gateway.tools import TOOLS
 from env_gateway.wire import ACTION_SCHEMA, OBSERVATION_SCHEMA, RESET_OBSERVATION_SCHEMA, STATE_SCHEMA
 from env_gateway.ws import OrchestratorSocket
+
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 
 DESCRIPTION = (
     "posttrain-operator: an agent post-trains a model under a dollar budget by submitting batch jobs; "
@@ -85,7 +91,7 @@ class _Timed:
         finally:
             route = scope["path"] if scope["path"] in ROUTES else "other"
             method = scope["method"] if scope["method"] in ("GET", "POST", "DELETE") else "other"
-            self.metrics.request_seconds.labels(route, method, status).observe(time.monotonic() - started)
+            self.metrics.request(route, method, status, time.monotonic() - started)
 
 
 @contextlib.contextmanager
@@ -102,7 +108,80 @@ def _frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-def create_app(settings: GatewaySettings, kube: Kube | None = None) -> FastAPI:
+# What uvicorn logs an access with: client address, method, path and query, HTTP version, status.
+AccessArgs = tuple[str, str, str, str, int]
+
+
+class _AccessLine(AccessFormatter):
+    """uvicorn's access line, the same text, without the two copies of every record that uvicorn's
+    formatter and its base make to add the line's fields (the chart runs with the access log on, and
+    those copies cost more than the rest of the line's formatting). Coloured lines (a terminal) are
+    left to uvicorn."""
+
+    _phrases: dict[int, str] = {}  # "200 OK", by status
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        if self.use_colors:
+            return super().formatMessage(record)
+        client_addr, method, full_path, http_version, status_code = cast(AccessArgs, record.args)
+        status = self._phrases.get(status_code)
+        if status is None:
+            status = self._phrases[status_code] = self.get_status_code(int(status_code))
+        fields = _Fields()
+        fields.__dict__ = record.__dict__ | {
+            "client_addr": client_addr,
+            "request_line": f"{method} {full_path} HTTP/{http_version}",
+            "status_code": status,
+            "levelprefix": record.levelname + ":" + " " * (8 - len(record.levelname)),
+        }
+        return logging.Formatter.formatMessage(self, fields)  # type: ignore[arg-type]
+
+
+class _Fields:
+    """What a format string reads: a record's attributes and the access line's, in one dict."""
+
+
+def _access_lines_without_copies() -> None:
+    """uvicorn's own access formatter (as its default logging configuration installs it; a custom
+    `--log-config` is left alone) becomes `_AccessLine`, which writes the same lines."""
+    for handler in logging.getLogger("uvicorn.access").handlers:
+        if type(handler.formatter) is AccessFormatter:
+            handler.formatter.__class__ = _AccessLine
+
+
+@contextlib.contextmanager
+def _serving_process() -> Iterator[None]:
+    """The process as the app serves: uvicorn has configured logging (the lifespan runs after it)."""
+    _access_lines_without_copies()
+    with _frozen_heap():
+        yield
+
+
+class _Routes:
+    """The app uvicorn serves. `POST /mcp`, the agents' every call, goes straight to its handler, timed,
+    and with a failure answered 500 as by FastAPI's own stack (its `ServerErrorMiddleware`); everything
+    else (the lifespan, `/ws`, the other routes, other methods, a request under a root path) goes to
+    FastAPI, which serves `/mcp` too. The layers skipped do nothing for that route: it raises no
+    HTTPException, has no dependencies, FastAPI sets it no body limit (its own is checked as it reads),
+    and telemetry is off; passing them cost about a twentieth of a call's CPU."""
+
+    def __init__(self, app: FastAPI, mcp: ASGIApp) -> None:
+        self.app = app
+        self.mcp = mcp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"] == "/mcp"
+            and scope["method"] == "POST"
+            and not scope.get("root_path")
+        ):
+            await self.mcp(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+def create_app(settings: GatewaySettings, kube: Kube | None = None) -> _Routes:
     sessions = Sessions(settings.max_sessions)
     metrics = GatewayMetrics(frozenset(TOOLS))
 
@@ -112,10 +191,14 @@ def create_app(settings: GatewaySettings, kube: Kube | None = None) -> FastAPI:
             sdk = build_session_manager(gateway, settings)
             # The host app owns the lifespan: a mounted sub-app's lifespan would never run.
             async with sdk.run():
-                with _frozen_heap():
+                with _serving_process():
                     yield {"serving": Serving(gateway, HybridMcp(gateway, sessions, sdk), sessions)}
 
-    app = FastAPI(title="posttrain env gateway", version=__version__, lifespan=lifespan)
+    # FastAPI's native OpenTelemetry is off: the gateway's metrics are its Prometheus registry, and
+    # with telemetry on FastAPI looks for a configured provider on every request.
+    app = FastAPI(
+        title="posttrain env gateway", version=__version__, lifespan=lifespan, telemetry=NO_TELEMETRY
+    )
 
     app.router.routes.append(Route("/mcp", endpoint=_Mcp(), methods=["GET", "POST", "DELETE"]))
 
@@ -153,8 +236,8 @@ def create_app(settings: GatewaySettings, kube: Kube | None = None) -> FastAPI:
     async def ws(websocket: WebSocket, served: Annotated[Serving, Depends(serving)]) -> None:
         await OrchestratorSocket(served.gateway, served.sessions, websocket).run()
 
-    return app
+    return _Routes(app, ServerErrorMiddleware(_Timed(_Mcp(), metrics)))
 
 
-def app_from_env() -> FastAPI:
+def app_from_env() -> _Routes:
     return create_app(GatewaySettings())  # filled from GATEWAY_* env

@@ -65,16 +65,35 @@ class GatewayMetrics:
         )
         for reason in sorted({"auth", *REFUSAL_REASONS.values()}):
             self.refusals.labels(reason)  # present at 0, so a first refusal shows in rate()
+        # The labelled series as `labels()` returns them, by their labels: `labels()` checks them
+        # and takes a lock on every call, and every request records one or two (the label sets are
+        # bounded, see above; nothing here removes a series).
+        self._calls: dict[tuple[str, str | None], tuple[Any, Any]] = {}
+        self._requests: dict[tuple[str, str, str], Any] = {}
 
     def tool_label(self, name: str) -> str:
         return name if name in self.tools else "unknown"
 
     def called(self, name: str, error_code: str | None, seconds: float) -> None:
-        tool = self.tool_label(name)
-        self.tool_calls.labels(tool, error_code or "ok").inc()
-        self.tool_seconds.labels(tool).observe(seconds)
+        series = self._calls.get((name, error_code))
+        if series is None:
+            tool = self.tool_label(name)
+            series = (self.tool_calls.labels(tool, error_code or "ok"), self.tool_seconds.labels(tool))
+            if tool != "unknown":  # the caller's name is kept only when it is one of the tools
+                self._calls[(name, error_code)] = series
+        series[0].inc()
+        series[1].observe(seconds)
         if error_code is not None and error_code in REFUSAL_REASONS:
             self.refusals.labels(REFUSAL_REASONS[error_code]).inc()
+
+    def request(self, route: str, method: str, status: str, seconds: float) -> None:
+        """One HTTP request; the labels must be bounded (the app's routes and methods, a status)."""
+        series = self._requests.get((route, method, status))
+        if series is None:
+            series = self._requests[(route, method, status)] = self.request_seconds.labels(
+                route, method, status
+            )
+        series.observe(seconds)
 
     def refused_auth(self) -> None:
         self.refusals.labels("auth").inc()
