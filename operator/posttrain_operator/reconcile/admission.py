@@ -24,6 +24,7 @@ from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import allowed_flavors, jobs_running, limits_in_force, parse_time
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
 from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_against_task
+from posttrain_operator.k8s import EpisodeUpdate
 from posttrain_operator.reconcile.context import BackendNotEnabled, Context
 from posttrain_operator.reconcile.jobs import Retry, admitting_phases, adopt, with_condition, write_job_status
 from posttrain_operator.reconcile.submission import Admission, resume_submission, submit_admitted
@@ -179,43 +180,42 @@ async def _price(
         raise Retry(f"price lookup failed: {exc}") from exc
 
 
-async def _admit(
-    ctx: Context,
-    job: dict[str, Any],
-    status: AgentJobStatus,
-    episode: dict[str, Any] | None,
-    *,
-    watched: bool = False,
-) -> Admission | None:
-    """Reserve on the ledger; None when the job is refused (and marked Rejected). A watched copy of
-    the Episode is as good as a read for admitting (the ledger's compare-and-swap proves it current, or
-    retries from a read), but a refusal is decided on a read only: the copy may be a little behind."""
-    meta = job["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
-    try:
-        spec = AgentJobSpec.model_validate(job["spec"])
-    except ValidationError as exc:
-        await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, f"invalid spec: {exc}"))
-        return None
+async def _decide(
+    ctx: Context, job: dict[str, Any], spec: AgentJobSpec, episode: dict[str, Any] | None, *, watched: bool
+) -> tuple[dict[str, Any] | None, tuple[Task, EpisodeSpec, list[str]] | Rejection]:
+    """The job's Episode (read unless the pass has it) and `decide_admission` on it; a refusal of a
+    watched copy is decided again on a read."""
+    namespace = job["metadata"]["namespace"]
     if episode is None or episode["metadata"]["name"] != spec.episode:
         episode, watched = await ctx.kube.get_episode(namespace, spec.episode), False
     decided = decide_admission(job, spec, episode)
     if isinstance(decided, Rejection) and watched:
         episode = await ctx.kube.get_episode(namespace, spec.episode)
         decided = decide_admission(job, spec, episode)
-    if isinstance(decided, Rejection):
-        await _reject(ctx, job, status, decided)
-        return None
-    task, ep_spec, _ = decided
-    assert episode is not None
-    price = await _price(ctx, job, status, ep_spec.backend, spec.flavor)
-    if isinstance(price, Rejection):
-        await _reject(ctx, job, status, price)
-        return None
-    amount = ledger_math.reservation_for(price, spec.timeout_seconds)
-    platform = spec.purpose == "score"
-    max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
-    phases = admitting_phases(spec.purpose)
+    return episode, decided
+
+
+def _count_admission(ctx: Context, job: dict[str, Any], spec: AgentJobSpec, reserved: int) -> None:
+    ctx.metrics.reserved.inc(reserved)
+    created = parse_time(job["metadata"].get("creationTimestamp"))
+    if created is not None:
+        waited = (ctx.clock() - created).total_seconds()
+        ctx.metrics.admission_seconds.labels(spec.purpose).observe(max(0.0, waited))
+
+
+async def _reserve(
+    ctx: Context,
+    job: dict[str, Any],
+    spec: AgentJobSpec,
+    episode: dict[str, Any],
+    amount: int,
+    max_concurrent: int,
+    *,
+    watched: bool,
+) -> EpisodeUpdate[Rejection | None]:
+    """The ledger's compare-and-swap from the Episode this pass has, the job adopted meanwhile."""
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    platform, phases = spec.purpose == "score", admitting_phases(spec.purpose)
 
     def reserve(_: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, Rejection | None]:
         return reserve_in(
@@ -230,16 +230,46 @@ async def _admit(
     )
     if update.result is not None and watched:  # refused without a write, so maybe on a stale copy
         update = await ctx.kube.update_episode_status(namespace, spec.episode, reserve)
+    return update
+
+
+async def _admit(
+    ctx: Context,
+    job: dict[str, Any],
+    status: AgentJobStatus,
+    episode: dict[str, Any] | None,
+    *,
+    watched: bool = False,
+) -> Admission | None:
+    """Reserve on the ledger; None when the job is refused (and marked Rejected). A watched copy of
+    the Episode is as good as a read for admitting (the ledger's compare-and-swap proves it current, or
+    retries from a read), but a refusal is decided on a read only: the copy may be a little behind."""
+    meta = job["metadata"]
+    try:
+        spec = AgentJobSpec.model_validate(job["spec"])
+    except ValidationError as exc:
+        await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, f"invalid spec: {exc}"))
+        return None
+    episode, decided = await _decide(ctx, job, spec, episode, watched=watched)
+    if isinstance(decided, Rejection):
+        await _reject(ctx, job, status, decided)
+        return None
+    task, ep_spec, _ = decided
+    assert episode is not None
+    price = await _price(ctx, job, status, ep_spec.backend, spec.flavor)
+    if isinstance(price, Rejection):
+        await _reject(ctx, job, status, price)
+        return None
+    amount = ledger_math.reservation_for(price, spec.timeout_seconds)
+    platform = spec.purpose == "score"
+    max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
+    update = await _reserve(ctx, job, spec, episode, amount, max_concurrent, watched=watched)
     if update.result is not None:
         await _reject(ctx, job, status, update.result)
         return None
     reserved = 0 if platform else amount
     if update.written:  # not a pass resumed after a crash, which found its reservation made
-        ctx.metrics.reserved.inc(reserved)
-        created = parse_time(meta.get("creationTimestamp"))
-        if created is not None:
-            waited = (ctx.clock() - created).total_seconds()
-            ctx.metrics.admission_seconds.labels(spec.purpose).observe(max(0.0, waited))
+        _count_admission(ctx, job, spec, reserved)
     message = f"reserved ${micro_to_usd(reserved)} at ${micro_to_usd(price)}/min for {spec.timeout_seconds}s"
     status = status.model_copy(
         update={
