@@ -12,12 +12,11 @@ from typing import Any
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import EpisodeStatus, Outcome, status_of
-from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import ENDED_PHASES, format_time
 from posttrain_operator.backends.base import SupportsEpisodeCleanup
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
-from posttrain_operator.reconcile.finishing import SETTLED_AT_RESERVATION
+from posttrain_operator.reconcile.finishing import announce_settled_at_reservation
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +131,7 @@ async def settle_vanished(ctx: Context, body: dict[str, Any], listed: Collection
     if not update.written:
         return
     settled = update.result
-    ctx.metrics.settled.labels("agent").inc(settled.agent)
-    ctx.metrics.settled.labels("platform").inc(settled.platform)
-    message = (
-        f"settled {', '.join(settled.names)} at their reservation (${micro_to_usd(settled.agent)}): "
-        "deleted without the operator settling them (finalizer removed by hand), so their real run "
-        "time is unknown"
-    )
-    ctx.emit(body, "Warning", SETTLED_AT_RESERVATION, message)
+    announce_settled_at_reservation(ctx, body, settled.names, settled.agent, settled.platform)
 
 
 async def release_backend_resources(ctx: Context, body: dict[str, Any]) -> bool:

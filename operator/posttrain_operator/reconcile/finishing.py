@@ -38,6 +38,20 @@ log = logging.getLogger(__name__)
 SETTLED_AT_RESERVATION = "SettledAtReservation"
 
 
+def announce_settled_at_reservation(
+    ctx: Context, episode: dict[str, Any], names: list[str], agent: int, platform: int
+) -> None:
+    """Count and announce entries settled at their reservation, the jobs having been deleted without
+    the operator settling them (their finalizer removed by hand): their real cost is unknown."""
+    ctx.metrics.settled.labels("agent").inc(agent)
+    ctx.metrics.settled.labels("platform").inc(platform)
+    message = (
+        f"settled {', '.join(names)} at the reservation (${micro_to_usd(agent)}): deleted without the "
+        "operator settling them (finalizer removed by hand), so their real cost is unknown"
+    )
+    ctx.emit(episode, "Warning", SETTLED_AT_RESERVATION, message)
+
+
 def format_score(score: float) -> str:
     """A decimal string with at most six decimals and no float noise: 1.0 -> '1', 0.955 -> '0.955'."""
     text = format(Decimal(repr(round(score, 6))).normalize(), "f")

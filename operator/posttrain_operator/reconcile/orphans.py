@@ -9,12 +9,11 @@ from typing import Any
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import EpisodeStatus, OrphanedJob, status_of
-from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import parse_time
 from posttrain_operator.backends.base import BackendError, Handle
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
-from posttrain_operator.reconcile.finishing import SETTLED_AT_RESERVATION
+from posttrain_operator.reconcile.finishing import announce_settled_at_reservation
 from posttrain_operator.reconcile.orphan_records import retried, without_orphan
 
 
@@ -87,11 +86,5 @@ async def _collect_vanished(ctx: Context, body: dict[str, Any], orphan: Orphaned
     update = await ctx.kube.update_episode_status(meta["namespace"], meta["name"], settle, seen=body)
     if update.written and update.result is not None:
         agent, platform = update.result
-        ctx.metrics.settled.labels("agent").inc(agent)
-        ctx.metrics.settled.labels("platform").inc(platform)
-        message = (
-            f"settled {orphan.name} at its reservation (${micro_to_usd(agent)}): deleted without the "
-            "operator settling it (finalizer removed by hand), so its real run time cannot be priced"
-        )
-        ctx.emit(body, "Warning", SETTLED_AT_RESERVATION, message)
+        announce_settled_at_reservation(ctx, body, [orphan.name], agent, platform)
     return True

@@ -53,7 +53,7 @@ def test_create_and_run_drop_sys_resource_from_every_set(
         "--root",
         "/run/x",
         "--log",
-        "/tmp/log",
+        str(tmp_path / "runc.log"),
         "--systemd-cgroup",
         command,
         "--bundle",
