@@ -11,7 +11,7 @@ from typing import Any
 
 from posttrain_operator.api.models import API_VERSION, TERMINAL_JOB_PHASES, AgentJobStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
-from posttrain_operator.api.rules import ENDED_PHASES, EPISODE_LABEL
+from posttrain_operator.api.rules import ENDED_PHASES, new_job_metadata
 from pydantic import BaseModel
 
 from env_gateway.broker import BrokerClient, BrokerError
@@ -99,10 +99,9 @@ def _refuse_if_not_running(ctx: ToolContext) -> None:
 async def _create_and_await_admission(ctx: ToolContext, body: dict[str, Any]) -> dict[str, Any]:
     ep = ctx.episode
     prefix = ep.name[:40].rstrip("-")
-    body["metadata"] = {
-        "name": f"{prefix}-{secrets.token_hex(4)}",
-        "labels": {EPISODE_LABEL: ep.name, CREATED_BY_LABEL: CREATED_BY},
-    }
+    body["metadata"] = new_job_metadata(
+        f"{prefix}-{secrets.token_hex(4)}", ep.body, {CREATED_BY_LABEL: CREATED_BY}
+    )
     try:
         job = await ctx.kube.create(ep.namespace, "agentjobs", body)
     except Refused as exc:  # the CRD schema refused it: nothing was created

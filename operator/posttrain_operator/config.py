@@ -46,7 +46,6 @@ class OperatorSettings(BaseSettings):
 
     # Which operator instance this is: the label on every backend job it owns.
     instance: str = "posttrain-operator"
-    finalizer: str = "posttrain.dev/finalizer"
     annotation_prefix: str = "posttrain.dev"
 
     # HF Jobs. The token comes from a Secret through the environment and never leaves this process.

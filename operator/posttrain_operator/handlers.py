@@ -18,6 +18,7 @@ import kopf
 
 from posttrain_operator import broker
 from posttrain_operator.api.models import GROUP, VERSION
+from posttrain_operator.api.rules import FINALIZER
 from posttrain_operator.backends.base import BackendError
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Conflict
@@ -78,7 +79,7 @@ async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = OperatorSettings()
-    settings.persistence.finalizer = config.finalizer
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=config.annotation_prefix)
     # No handler reacts to changes (specs are immutable, or read fresh on every tick), so the labels
     # the operator adds need not count as one: without this, each costs kopf a diff-base patch.

@@ -15,12 +15,41 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, Ledger
+from posttrain_operator.api.models import API_VERSION, EpisodeSpec, EpisodeStatus, Ledger
 from posttrain_operator.api.money import usd_to_micro
 
 # On every object that belongs to an Episode (its AgentJobs, its token Secret, pods-backend namespaces).
 EPISODE_LABEL = "posttrain.dev/episode"
 ENDED_PHASES: frozenset[str] = frozenset({"Completed", "Failed"})
+# The operator's finalizer, on both kinds: nothing is deleted before its backend job is confirmed gone.
+FINALIZER = "posttrain.dev/finalizer"
+
+
+def episode_owner(episode: Mapping[str, Any], *, controller: bool = False) -> dict[str, Any]:
+    """An ownerReference to `episode` (its body): deleting the Episode garbage-collects the object,
+    and a job goes only after the operator's finalizer has cancelled it."""
+    meta = episode["metadata"]
+    owner = {"apiVersion": API_VERSION, "kind": "Episode", "name": meta["name"], "uid": meta["uid"]}
+    return owner | {"blockOwnerDeletion": True} | ({"controller": True} if controller else {})
+
+
+def new_job_metadata(
+    name: str,
+    episode: Mapping[str, Any],
+    labels: Mapping[str, str] | None = None,
+    *,
+    controller: bool = False,
+) -> dict[str, Any]:
+    """The metadata of a new AgentJob of `episode`: labelled with and owned by it, and holding the
+    operator's finalizer from the start. A job born so is admitted in the operator's first pass; one
+    born bare first costs kopf a write and a watch event to add its finalizer, and the operator a patch
+    to adopt it."""
+    return {
+        "name": name,
+        "labels": {**(labels or {}), EPISODE_LABEL: episode["metadata"]["name"]},
+        "ownerReferences": [episode_owner(episode, controller=controller)],
+        "finalizers": [FINALIZER],
+    }
 
 
 class LimitDefaults(Protocol):

@@ -12,17 +12,13 @@ from typing import Any
 
 from graders.tasks import Task, UnknownTaskError, get_task
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import (
-    API_VERSION,
-    EpisodeSpec,
-    EpisodeStatus,
-    status_of,
-)
+from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.money import usd_to_micro
 from posttrain_operator.api.rules import (
     ENDED_PHASES,
     EPISODE_LABEL,
     allowed_flavors,
+    episode_owner,
     format_time,
     jobs_running,
     limits_in_force,
@@ -257,9 +253,7 @@ async def _agent_token(ctx: Context, body: dict[str, Any], spec: EpisodeSpec) ->
             "metadata": {
                 "name": secret_name,
                 "labels": {EPISODE_LABEL: meta["name"]},
-                "ownerReferences": [
-                    {"apiVersion": API_VERSION, "kind": "Episode", "name": meta["name"], "uid": meta["uid"]}
-                ],
+                "ownerReferences": [episode_owner(body)],
             },
             "type": "Opaque",
             "data": {TOKEN_SECRET_KEY: base64.b64encode(token.encode()).decode()},

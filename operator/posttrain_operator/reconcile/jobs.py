@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from posttrain_operator.api.models import AgentJobStatus
-from posttrain_operator.api.rules import EPISODE_LABEL
+from posttrain_operator.api.rules import EPISODE_LABEL, episode_owner
 from posttrain_operator.backends.base import Handle
 from posttrain_operator.jobspec import output_prefix
 from posttrain_operator.reconcile.context import Context
@@ -45,20 +45,19 @@ async def write_job_status(ctx: Context, job: dict[str, Any], status: AgentJobSt
 
 async def adopt(ctx: Context, job: dict[str, Any], episode: dict[str, Any]) -> None:
     """Owned by its Episode (deleting that garbage-collects the job, after our finalizer cancels it),
-    and labelled with it. Skipped when the job already names the Episode as an owner."""
+    and labelled with it. Skipped when the job was created so (`new_job_metadata`)."""
     meta = job["metadata"]
     owners = meta.get("ownerReferences") or []
-    uid = episode["metadata"]["uid"]
-    if any(o.get("uid") == uid for o in owners):
+    owner = episode_owner(episode)
+    owned = any(o.get("uid") == owner["uid"] for o in owners)
+    if owned and (meta.get("labels") or {}).get(EPISODE_LABEL) == owner["name"]:
         return
-    owner = {
-        "apiVersion": episode["apiVersion"],
-        "kind": "Episode",
-        "name": episode["metadata"]["name"],
-        "uid": uid,
-        "blockOwnerDeletion": True,
+    patch = {
+        "metadata": {
+            "labels": {EPISODE_LABEL: owner["name"]},
+            "ownerReferences": owners if owned else [*owners, owner],
+        }
     }
-    patch = {"metadata": {"labels": {EPISODE_LABEL: owner["name"]}, "ownerReferences": [*owners, owner]}}
     written = await ctx.kube.patch_agentjob(meta["namespace"], meta["name"], patch)
     meta["ownerReferences"] = written["metadata"].get("ownerReferences")
 

@@ -15,7 +15,7 @@ from posttrain_operator.api.models import (
     EpisodeStatus,
     status_of,
 )
-from posttrain_operator.api.rules import EPISODE_LABEL, allowed_flavors
+from posttrain_operator.api.rules import allowed_flavors, new_job_metadata
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.ending import End, end_episode, set_status
@@ -94,20 +94,7 @@ async def _ensure_score_job(
         {
             "apiVersion": API_VERSION,
             "kind": "AgentJob",
-            "metadata": {
-                "name": job_name,
-                "labels": {EPISODE_LABEL: meta["name"]},
-                "ownerReferences": [
-                    {
-                        "apiVersion": API_VERSION,
-                        "kind": "Episode",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
+            "metadata": new_job_metadata(job_name, body, controller=True),
             "spec": {
                 "episode": meta["name"],
                 "purpose": "score",

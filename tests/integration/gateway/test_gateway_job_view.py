@@ -1,9 +1,13 @@
-"""What an agent sees of its jobs is what the backend reported: a script that exits 3 is a Failed job
-with exit code 3, in the AgentJob's status and in the tool results (jobs_wait, jobs_status)."""
+"""The AgentJobs the gateway makes, and what an agent sees of them: a job is created owned by its
+Episode and holding the operator's finalizer; what the agent sees is what the backend reported (a
+script that exits 3 is a Failed job with exit code 3, in the AgentJob's status and in the tool results,
+jobs_wait and jobs_status)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from posttrain_operator.api.rules import EPISODE_LABEL, FINALIZER
 
 from tests.conftest import Kubectl
 from tests.integration.conftest import get
@@ -30,3 +34,20 @@ async def test_the_exit_code_of_a_failed_script_reaches_the_agent(
         (listed,) = result(await orch.call("jobs_status"))["jobs"]
         assert (listed["name"], listed["exit_code"]) == (name, 3)
     assert get(kubectl, executing_gateway.namespace, "agentjob", name)["status"]["exitCode"] == 3
+
+
+async def test_a_job_is_born_owned_by_its_episode_and_holding_the_operators_finalizer(
+    gateway: GatewayServer, kubectl: Kubectl
+) -> None:
+    """So the operator admits it in its first pass: it neither waits for kopf to add the finalizer nor
+    patches the job to adopt it (the unit tier counts those calls)."""
+    async with orchestrator(gateway) as orch:
+        episode = (await orch.reset(task="t0_artifact"))["observation"]["episode"]
+        name = result(await orch.call("jobs_submit", script="print(1)", timeout_seconds=120))["job"]["name"]
+    meta = get(kubectl, gateway.namespace, "agentjob", name)["metadata"]
+    episode_uid = get(kubectl, gateway.namespace, "episode", episode)["metadata"]["uid"]
+    assert meta["finalizers"] == [FINALIZER]
+    assert [(o["kind"], o["name"], o["uid"]) for o in meta["ownerReferences"]] == [
+        ("Episode", episode, episode_uid)
+    ]
+    assert meta["labels"][EPISODE_LABEL] == episode

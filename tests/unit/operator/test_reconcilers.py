@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.rules import format_time
+from posttrain_operator.api.rules import (
+    EPISODE_LABEL,
+    FINALIZER,
+    episode_owner,
+    format_time,
+    new_job_metadata,
+)
 from posttrain_operator.backends.base import BackendError, RemoteStatus
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Kube
@@ -119,17 +125,26 @@ async def test_a_new_job_is_admitted_and_submitted_in_one_pass_with_two_status_w
     assert [(o["kind"], o["name"]) for o in owners] == [("Episode", "ep")]
 
 
-async def test_an_adopted_job_is_not_patched_again(world: World) -> None:
+async def test_a_job_made_as_the_gateway_makes_it_is_not_patched(world: World) -> None:
     await started(world)
-    uid = world.api.obj("episodes", NS, "ep")["metadata"]["uid"]
     world.job()
-    world.api.objects[("agentjobs", NS, "j1")]["metadata"]["ownerReferences"] = [
-        {"apiVersion": API_VERSION, "kind": "Episode", "name": "ep", "uid": uid}
-    ]
+    made = new_job_metadata("j1", world.api.obj("episodes", NS, "ep"))
+    assert made["finalizers"] == [FINALIZER]
+    world.api.objects[("agentjobs", NS, "j1")]["metadata"].update(made)
     world.api.reset_calls()
     await reconcile_agentjob(world.ctx, NS, "j1")
     assert world.status("agentjobs", "j1")["phase"] == "Running"
     assert "patch_namespaced_custom_object" not in world.api.calls
+
+
+async def test_an_owned_job_without_the_label_is_labelled(world: World) -> None:
+    await started(world)
+    world.job()
+    owner = episode_owner(world.api.obj("episodes", NS, "ep"))
+    world.api.objects[("agentjobs", NS, "j1")]["metadata"]["ownerReferences"] = [owner]
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    meta = world.api.obj("agentjobs", NS, "j1")["metadata"]
+    assert meta["labels"] == {EPISODE_LABEL: "ep"} and meta["ownerReferences"] == [owner]
 
 
 @pytest.mark.parametrize(
