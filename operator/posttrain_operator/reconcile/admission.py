@@ -2,10 +2,10 @@
 Episode's ledger (one compare-and-swap), then hand the job to submission.
 
 One pass over a new job reads it (its Episode comes from the watch, or is read beside it), writes the
-ledger once while the job is adopted under its Episode, and writes the job's status twice (admitted
-with its idempotency key just before the backend call; then submitted). Every step is idempotent and
-resumable from the job's status alone: the ledger entry is keyed by job name, so a pass retried after
-a crash finds its own reservation and changes nothing.
+ledger once while the job is adopted under its Episode (unless it was created so), and writes the
+job's status twice (admitted with its idempotency key just before the backend call; then submitted).
+Every step is idempotent and resumable from the job's status alone: the ledger entry is keyed by job
+name, so a pass retried after a crash finds its own reservation and changes nothing.
 """
 
 from __future__ import annotations
