@@ -25,12 +25,21 @@ ENDED_PHASES: frozenset[str] = frozenset({"Completed", "Failed"})
 FINALIZER = "posttrain.dev/finalizer"
 
 
-def episode_owner(episode: Mapping[str, Any], *, controller: bool = False) -> dict[str, Any]:
+def episode_owner(
+    episode: Mapping[str, Any], *, controller: bool = False, blocking: bool = False
+) -> dict[str, Any]:
     """An ownerReference to `episode` (its body): deleting the Episode garbage-collects the object,
-    and a job goes only after the operator's finalizer has cancelled it."""
+    and a job goes only after the operator's finalizer has cancelled it. `blocking` sets
+    blockOwnerDeletion, which a cluster enforcing owner-reference permissions grants only to who may
+    update the Episode's finalizers: the operator may, the gateway may not (nor needs to: the
+    Episode's own finalizer waits for its jobs)."""
     meta = episode["metadata"]
     owner = {"apiVersion": API_VERSION, "kind": "Episode", "name": meta["name"], "uid": meta["uid"]}
-    return owner | {"blockOwnerDeletion": True} | ({"controller": True} if controller else {})
+    return (
+        owner
+        | ({"controller": True} if controller else {})
+        | ({"blockOwnerDeletion": True} if blocking else {})
+    )
 
 
 def new_job_metadata(
@@ -39,6 +48,7 @@ def new_job_metadata(
     labels: Mapping[str, str] | None = None,
     *,
     controller: bool = False,
+    blocking: bool = False,
 ) -> dict[str, Any]:
     """The metadata of a new AgentJob of `episode`: labelled with and owned by it, and holding the
     operator's finalizer from the start. A job born so is admitted in the operator's first pass; one
@@ -47,7 +57,7 @@ def new_job_metadata(
     return {
         "name": name,
         "labels": {**(labels or {}), EPISODE_LABEL: episode["metadata"]["name"]},
-        "ownerReferences": [episode_owner(episode, controller=controller)],
+        "ownerReferences": [episode_owner(episode, controller=controller, blocking=blocking)],
         "finalizers": [FINALIZER],
     }
 

@@ -48,7 +48,7 @@ async def adopt(ctx: Context, job: dict[str, Any], episode: dict[str, Any]) -> N
     and labelled with it. Skipped when the job was created so (`new_job_metadata`)."""
     meta = job["metadata"]
     owners = meta.get("ownerReferences") or []
-    owner = episode_owner(episode)
+    owner = episode_owner(episode, blocking=True)
     owned = any(o.get("uid") == owner["uid"] for o in owners)
     if owned and (meta.get("labels") or {}).get(EPISODE_LABEL) == owner["name"]:
         return

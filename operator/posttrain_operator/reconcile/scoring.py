@@ -94,7 +94,7 @@ async def _ensure_score_job(
         {
             "apiVersion": API_VERSION,
             "kind": "AgentJob",
-            "metadata": new_job_metadata(job_name, body, controller=True),
+            "metadata": new_job_metadata(job_name, body, controller=True, blocking=True),
             "spec": {
                 "episode": meta["name"],
                 "purpose": "score",

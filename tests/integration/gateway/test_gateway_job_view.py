@@ -40,7 +40,9 @@ async def test_a_job_is_born_owned_by_its_episode_and_holding_the_operators_fina
     gateway: GatewayServer, kubectl: Kubectl
 ) -> None:
     """So the operator admits it in its first pass: it neither waits for kopf to add the finalizer nor
-    patches the job to adopt it (the unit tier counts those calls)."""
+    patches the job to adopt it (the unit tier counts those calls). The owner reference does not set
+    blockOwnerDeletion: a cluster enforcing owner-reference permissions allows that only to who may
+    update the Episode's finalizers, which the gateway's Role does not grant (tests/unit/helm)."""
     async with orchestrator(gateway) as orch:
         episode = (await orch.reset(task="t0_artifact"))["observation"]["episode"]
         name = result(await orch.call("jobs_submit", script="print(1)", timeout_seconds=120))["job"]["name"]
@@ -50,4 +52,5 @@ async def test_a_job_is_born_owned_by_its_episode_and_holding_the_operators_fina
     assert [(o["kind"], o["name"], o["uid"]) for o in meta["ownerReferences"]] == [
         ("Episode", episode, episode_uid)
     ]
+    assert not meta["ownerReferences"][0].get("blockOwnerDeletion")
     assert meta["labels"][EPISODE_LABEL] == episode
