@@ -34,7 +34,7 @@ def run_example(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(EXAMPLES / script), "--gateway", gw.url,
-         "--orchestrator-token", gw.orchestrator_token, *args],
+         f"--orchestrator-token={gw.orchestrator_token}", *args],  # one argument: a token may start with "-"
         capture_output=True, text=True, timeout=540, cwd=REPO,
         env={**os.environ, "NO_PROXY": "127.0.0.1,localhost", **(env or {})},
     )  # fmt: skip
