@@ -93,6 +93,10 @@ class EpisodeView:
         return rules.allowed_flavors(self.spec, self.task)
 
     @property
+    def grader_flavor(self) -> str:
+        return rules.grader_flavor(self.spec, self.task)
+
+    @property
     def max_steps(self) -> int:
         return self.limits.max_steps
 

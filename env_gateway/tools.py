@@ -145,6 +145,7 @@ async def task_info(ctx: ToolContext, _: NoArgs) -> dict[str, Any]:
         "name": ep.name,
         "budget_usd": ep.spec.budget_usd,
         "flavors": ep.flavors,
+        "grader_flavor": ep.grader_flavor,
         "max_steps": limits.max_steps,
         "max_wall_seconds": limits.max_wall_seconds,
         "max_concurrent_jobs": limits.max_concurrent_jobs,
@@ -181,7 +182,7 @@ async def dev_evaluate(ctx: ToolContext, args: DevEvaluateArgs) -> JobResult:
     spec = {
         "episode": ep.name,
         "purpose": "devEval",
-        "flavor": ep.flavors[0],
+        "flavor": ep.grader_flavor,
         "timeoutSeconds": args.timeout_seconds,
         "checkpointFrom": args.job,
     }

@@ -19,6 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from graders.job_limits import SMALL_AGENT_JOB, SMALL_GRADER_JOB, JobLimitMaxima, JobLimits
+
 # The local assets are built by the project (`python -m graders.assets build`); bump this whenever the
 # build recipe changes so every cache and every emulator repo store sees a new revision.
 LOCAL_ASSETS_REVISION = "local-v2"
@@ -72,6 +74,9 @@ class TaskPublicView(BaseModel):
     limits: TaskLimits
     default_budget_usd: str
     scoring_timeout_seconds: int
+    agent_job_limits: JobLimits
+    grader_job_limits: JobLimits
+    grader_flavor: str | None
 
 
 class Task(BaseModel):
@@ -89,6 +94,11 @@ class Task(BaseModel):
     limits: TaskLimits
     default_budget_usd: str
     scoring_timeout_seconds: int = Field(ge=60)  # the score job's timeoutSeconds
+    # What each agent job and each grader job may write and keep (graders/job_limits.py).
+    agent_job_limits: JobLimits = SMALL_AGENT_JOB
+    grader_job_limits: JobLimits = SMALL_GRADER_JOB
+    # The flavor dev and score grader jobs run on; None: the episode's first (cheapest) flavor.
+    grader_flavor: str | None = Field(default=None, min_length=1, max_length=64)
     # Module imported by `python -m graders.run` in the grader job (so it must be installed in the job's
     # image); it exposes `GRADER_VERSION` and `grade(task, inputs) -> GraderResult`.
     grader: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
@@ -127,6 +137,9 @@ class Task(BaseModel):
             limits=self.limits,
             default_budget_usd=self.default_budget_usd,
             scoring_timeout_seconds=self.scoring_timeout_seconds,
+            agent_job_limits=self.agent_job_limits,
+            grader_job_limits=self.grader_job_limits,
+            grader_flavor=self.grader_flavor,
         )
 
     def grader_split(self, purpose: Literal["devEval", "score"]) -> RepoRef:
@@ -207,6 +220,7 @@ def _registry() -> dict[str, RegisteredTask]:
     from graders.builtin_tasks import BUILTIN_TASKS  # its definitions import this module's models
 
     location = AssetLocation()
+    maxima = JobLimitMaxima()
     candidates = [("builtin", None, plugin) for plugin in BUILTIN_TASKS] + _entry_point_plugins()
     tasks: dict[str, RegisteredTask] = {}
     for source, expected_name, plugin in candidates:
@@ -219,6 +233,15 @@ def _registry() -> dict[str, RegisteredTask]:
             raise TaskRegistryError(f"{source}: {type(exc).__name__}: {exc}") from exc
         if expected_name is not None and task.name != expected_name:
             raise TaskRegistryError(f"{source}: defines task {task.name!r}; name the entry point after it")
+        excess = [
+            f"{role} job {what}"
+            for role, limits in (("agent", task.agent_job_limits), ("grader", task.grader_job_limits))
+            for what in maxima.excess(limits)
+        ]
+        if excess:
+            raise TaskRegistryError(
+                f"{source}: task {task.name!r} asks for more than the platform allows: {'; '.join(excess)}"
+            )
         if task.name in tasks:
             raise TaskRegistryError(
                 f"{source}: task {task.name!r} is already registered by {tasks[task.name].source}"

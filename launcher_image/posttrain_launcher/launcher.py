@@ -20,11 +20,11 @@ import time
 from collections.abc import Mapping
 from types import FrameType
 
-from . import egress, environment, packages, sandbox
+from . import egress, environment, joblog, packages, sandbox
 from .bounds import Bounds, BoundsError, derive_bounds
 from .spec import ROOT_ENV, JobSpec, SpecError, host_path, load_spec
 
-PREFIX = "posttrain-launcher: "
+PREFIX = joblog.PREFIX
 EXIT_REFUSED = 2  # the launcher refused the job; no job code ran
 EXIT_OUTPUT_CAP = 3  # the job was stopped: its outputs passed max_output_bytes
 
@@ -50,6 +50,7 @@ class PreparedJob:
     inputs: dict[str, str]
     env: dict[str, str]
     bounds: Bounds
+    log_fd: int | None  # the log's copy in the outputs (write-only, not inherited by the job)
 
 
 def _say(message: str) -> None:
@@ -120,7 +121,14 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     cwd = scratch if spec.role == "grader" else env["HOME"]
-    return PreparedJob(spec, scratch, private, script, cwd, output_dir, inputs, env, bounds)
+    log_fd = None
+    if spec.limits.max_log_file_bytes:
+        try:
+            log_fd = joblog.open_log_file(output_dir)
+        except OSError as exc:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise Refusal(f"cannot create the log file in {output_dir}: {exc}") from None
+    return PreparedJob(spec, scratch, private, script, cwd, output_dir, inputs, env, bounds, log_fd)
 
 
 def _child(job: PreparedJob, out_w: int, err_w: int) -> None:
@@ -135,7 +143,7 @@ def _child(job: PreparedJob, out_w: int, err_w: int) -> None:
         os.chdir(job.cwd)
         limits = job.spec.limits
         sandbox.lock_down(
-            max_file_bytes=limits.max_output_bytes,
+            max_file_bytes=limits.file_bytes,
             max_open_files=limits.max_open_files,
             max_processes=job.bounds.processes,
             max_memory_bytes=job.bounds.memory_bytes,
@@ -188,39 +196,6 @@ def tree_size(path: str, stop_above: int) -> int:
     return total
 
 
-class _LogRelay:
-    """Copies the job's two streams to ours until `budget` bytes, then prints one marker line."""
-
-    def __init__(self, budget: int) -> None:
-        self.remaining = budget
-        self.budget = budget
-        self.truncated = False
-        self._last_byte: dict[int, bytes] = {}
-
-    def feed(self, dest: int, data: bytes) -> None:
-        if self.truncated:
-            return
-        if len(data) > self.remaining:
-            data = data[: self.remaining]
-            self.truncated = True
-        self.remaining -= len(data)
-        if data:
-            self._write(dest, data)
-        if self.truncated:
-            err = sys.stderr.fileno()
-            lead = "" if self._last_byte.get(err, b"\n") == b"\n" else "\n"
-            marker = f"{lead}{PREFIX}log truncated after {self.budget} bytes; the rest is dropped\n"
-            self._write(err, marker.encode())
-
-    def _write(self, fd: int, data: bytes) -> None:
-        self._last_byte[fd] = data[-1:]
-        try:
-            while data:
-                data = data[os.write(fd, data) :]
-        except OSError:
-            pass  # whoever reads our output went away; keep draining the job
-
-
 def _exit_code(status: int) -> int:
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
@@ -263,7 +238,8 @@ def run(job: PreparedJob) -> int:
         signal.signal(sig, forward)
 
     cap = job.spec.limits.max_output_bytes
-    relay = _LogRelay(job.spec.limits.max_log_bytes)
+    limits = job.spec.limits
+    log = joblog.JobLog(limits.max_log_bytes, job.log_fd, limits.max_log_file_bytes)
     dest = {out_r: sys.stdout.fileno(), err_r: sys.stderr.fileno()}
     sel = selectors.DefaultSelector()
     for fd in dest:
@@ -278,7 +254,7 @@ def run(job: PreparedJob) -> int:
                 fd = int(key.fd)
                 data = os.read(fd, _READ_CHUNK)
                 if data:
-                    relay.feed(dest[fd], data)
+                    log.feed(dest[fd], data)
                 else:
                     sel.unregister(fd)
             now = time.monotonic()
@@ -300,6 +276,7 @@ def run(job: PreparedJob) -> int:
         for fd in dest:
             os.close(fd)
         forward(signal.SIGKILL, None)  # descendants the job left behind
+        log.close(sys.stderr.fileno())
     code = _exit_code(status)
     if over_cap or tree_size(job.output_dir, cap) > cap:
         _say(f"error: the job's outputs passed max_output_bytes ({cap}); the job was stopped")

@@ -49,11 +49,20 @@ class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     max_output_bytes: int = Field(default=1 * GiB, ge=1 * KiB, le=1024 * GiB)
+    # Any one file the job writes, anywhere (RLIMIT_FSIZE); default: max_output_bytes.
+    max_file_bytes: int | None = Field(default=None, ge=1 * KiB, le=1024 * GiB)
+    # The relayed stream (what the backend keeps) and the copy in the outputs (0: none); each keeps
+    # its head and its tail past the cap (joblog.py).
     max_log_bytes: int = Field(default=1 * MiB, ge=1 * KiB, le=256 * MiB)
+    max_log_file_bytes: int = Field(default=0, ge=0, le=16 * GiB)
     max_open_files: int = Field(default=1024, ge=64, le=65536)
     # Lower the flavor's bounds (`bounds.py`); they can never raise them.
     max_processes: int | None = Field(default=None, ge=16, le=1 << 22)
     max_memory_bytes: int | None = Field(default=None, ge=64 * MiB, le=64 * 1024 * GiB)
+
+    @property
+    def file_bytes(self) -> int:
+        return self.max_output_bytes if self.max_file_bytes is None else self.max_file_bytes
 
 
 class JobSpec(BaseModel):

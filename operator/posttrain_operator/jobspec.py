@@ -22,8 +22,6 @@ from posttrain_operator.backends.base import JobRequest, OutputMount, RepoMount
 
 INPUTS_ROOT = "/inputs"
 OUTPUT_DIR = "/outputs"
-AGENT_LIMITS = {"max_output_bytes": 2 << 30, "max_log_bytes": 1 << 20, "max_open_files": 1024}
-GRADER_LIMITS = {"max_output_bytes": 1 << 20, "max_log_bytes": 256 << 10, "max_open_files": 1024}
 
 
 class InvalidJob(ValueError):
@@ -80,6 +78,7 @@ def build_request(
     repos: list[RepoMount] = []
     inputs_from: list[OutputMount] = []
     launcher: dict[str, Any] = {"version": 1, "output_dir": OUTPUT_DIR}
+    limits = task.agent_job_limits if spec.purpose == "train" else task.grader_job_limits
     if spec.purpose == "train":
         if task.base_model is not None:
             repos.append(_mount(AGENT_INPUT_MODEL, task.base_model))
@@ -89,7 +88,7 @@ def build_request(
             "role": "agent",
             "script": spec.script,
             "packages": list(spec.packages),
-            "limits": AGENT_LIMITS,
+            "limits": limits.launcher_limits(),
         }
     else:
         assert spec.checkpoint_from is not None  # validate_against_task guarantees it
@@ -108,7 +107,7 @@ def build_request(
             "role": "grader",
             "script": task.grader_script(),
             "packages": [],
-            "limits": GRADER_LIMITS,
+            "limits": limits.launcher_limits(),
         }
     for repo in repos:
         inputs[repo.mount_path.rsplit("/", 1)[-1]] = repo.mount_path
@@ -124,4 +123,5 @@ def build_request(
         repos=tuple(repos),
         outputs=OutputMount(prefix=output_prefix(namespace, spec.episode, job_name), mount_path=OUTPUT_DIR),
         inputs_from=tuple(inputs_from),
+        scratch_bytes=limits.scratch_bytes,
     )

@@ -164,3 +164,16 @@ in each watched namespace.
 {{- define "posttrain-operator.taskPolicyName" -}}
 {{- include "posttrain-operator.componentName" (list . "tasks") }}
 {{- end }}
+
+{{/* Where the tasks' repos are and the most their jobs may ask for: the operator and the gateway
+load the same task registry and must agree on both. */}}
+{{- define "posttrain-operator.taskEnv" -}}
+- name: POSTTRAIN_TASK_ASSETS_NAMESPACE
+  value: {{ .Values.tasks.assetsNamespace | quote }}
+- name: POSTTRAIN_TASK_ASSETS_REVISION
+  value: {{ .Values.tasks.assetsRevision | quote }}
+{{- range $key, $value := .Values.tasks.jobLimitMaxima }}
+- name: POSTTRAIN_MAX_JOB_{{ snakecase $key | upper }}
+  value: {{ $value | int64 | toString | quote }}
+{{- end }}
+{{- end }}

@@ -80,6 +80,8 @@ class TaskDefaults(Protocol):
     def limits(self) -> LimitDefaults: ...
     @property
     def default_flavors(self) -> list[str]: ...
+    @property
+    def grader_flavor(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,11 @@ def limits_in_force(spec: EpisodeSpec, task: TaskDefaults) -> Limits:
 def allowed_flavors(spec: EpisodeSpec, task: TaskDefaults) -> list[str]:
     """The flavors jobs may use, in order of preference (the first is the default)."""
     return list(spec.flavors or task.default_flavors)
+
+
+def grader_flavor(spec: EpisodeSpec, task: TaskDefaults) -> str:
+    """The flavor of the episode's dev and score grader jobs: the task's, else the first allowed."""
+    return task.grader_flavor or allowed_flavors(spec, task)[0]
 
 
 def jobs_running(ledger: Ledger) -> int:

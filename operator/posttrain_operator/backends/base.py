@@ -70,6 +70,7 @@ class JobRequest:
     repos: tuple[RepoMount, ...] = ()
     outputs: OutputMount | None = None
     inputs_from: tuple[OutputMount, ...] = ()  # other jobs' outputs, read-only (checkpoints)
+    scratch_bytes: int | None = None  # HOME and TMPDIR in all, where the backend bounds them
 
 
 @dataclass(frozen=True)

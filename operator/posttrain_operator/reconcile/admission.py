@@ -21,7 +21,13 @@ from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
-from posttrain_operator.api.rules import allowed_flavors, jobs_running, limits_in_force, parse_time
+from posttrain_operator.api.rules import (
+    allowed_flavors,
+    grader_flavor,
+    jobs_running,
+    limits_in_force,
+    parse_time,
+)
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
 from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_against_task
 from posttrain_operator.k8s import EpisodeUpdate
@@ -59,6 +65,8 @@ def decide_admission(
     except UnknownTaskError as exc:
         return Rejection(cond.INVALID_JOB, str(exc))
     flavors = allowed_flavors(ep_spec, task)
+    if spec.purpose != "train" and grader_flavor(ep_spec, task) not in flavors:
+        flavors.append(grader_flavor(ep_spec, task))
     max_timeout = limits_in_force(ep_spec, task).max_job_timeout_seconds
     if spec.purpose == "score":
         max_timeout = max(max_timeout, spec.timeout_seconds)

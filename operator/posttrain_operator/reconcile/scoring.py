@@ -15,7 +15,7 @@ from posttrain_operator.api.models import (
     EpisodeStatus,
     status_of,
 )
-from posttrain_operator.api.rules import allowed_flavors, new_job_metadata
+from posttrain_operator.api.rules import grader_flavor, new_job_metadata
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.ending import End, end_episode, set_status
@@ -98,7 +98,7 @@ async def _ensure_score_job(
             "spec": {
                 "episode": meta["name"],
                 "purpose": "score",
-                "flavor": allowed_flavors(spec, task)[0],
+                "flavor": grader_flavor(spec, task),
                 "timeoutSeconds": spec.scoring.timeout_seconds or task.scoring_timeout_seconds,
                 "checkpointFrom": spec.submission.checkpoint_from,
             },

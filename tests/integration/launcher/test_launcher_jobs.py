@@ -43,25 +43,39 @@ def test_a_job_killed_by_a_signal_exits_128_plus_the_signal(launch: Launch) -> N
     assert "killed by SIGKILL" in job.stderr
 
 
-def test_logs_are_truncated_after_max_log_bytes_with_a_marker(launch: Launch) -> None:
-    script = (
-        "import sys\nfor i in range(2000):\n    print(f'line {i:05d}')\n    print('err', file=sys.stderr)"
-    )
-    job = launch(script, limits=Limits(max_log_bytes=4096))
+def test_a_long_log_keeps_its_head_and_its_end_in_the_stream_and_whole_in_the_outputs(
+    launch: Launch,
+) -> None:
+    # One stream: the order of two pipes' reads is the launcher's, not the job's.
+    script = "for i in range(4000):\n    print(f'line {i:05d}')\nprint('the last line')"
+    job = launch(script, limits=Limits(max_log_bytes=4096, max_log_file_bytes=1 << 20))
     assert job.returncode == 0
-    marker = "posttrain-launcher: log truncated after 4096 bytes"
-    assert marker in job.stderr
-    job_bytes = (
-        len(job.stdout.encode())
-        + len(job.stderr.encode())
-        - len(
-            "".join(
-                ln + "\n" for ln in job.stderr.splitlines() if ln.startswith("posttrain-launcher:")
-            ).encode()
-        )
+    assert job.stdout.startswith("line 00000\nline 00001\n")
+    assert job.stdout.endswith("line 03999\nthe last line\n")
+    marker = [ln for ln in job.stderr.splitlines() if ln.startswith("posttrain-launcher: log:")]
+    assert len(marker) == 1 and "bytes skipped after the first 3072" in marker[0]
+    assert len(job.stdout.encode()) <= 4096
+    # The copy in the outputs has every line: it is within its own cap.
+    copy = (job.output_dir / "posttrain-job.log").read_text().splitlines()
+    assert copy == [f"line {i:05d}" for i in range(4000)] + ["the last line"]
+    assert (job.output_dir / "posttrain-job.log").stat().st_uid == 0  # the job cannot rewrite it
+
+
+def test_the_log_copy_is_a_new_file_even_where_the_job_planted_a_link(launch: Launch, tmp_path: Path) -> None:
+    # A job cannot make the launcher (root) write through a link: the copy is created before any job
+    # code runs, as a new file; a link the job makes afterwards only replaces its name.
+    target = tmp_path / "victim"
+    target.write_text("untouched")
+    target.chmod(0o666)
+    script = (
+        "import os\nout = os.environ['POSTTRAIN_OUTPUT_DIR']\n"
+        "os.unlink(os.path.join(out, 'posttrain-job.log'))\n"
+        f"os.symlink({str(target)!r}, os.path.join(out, 'posttrain-job.log'))\n"
+        "print('written after the swap')\n"
     )
-    assert job_bytes <= 4096 + 1  # + the newline the marker may need to start on its own line
-    assert "line 01999" not in job.stdout
+    job = launch(script, limits=Limits(max_log_file_bytes=1 << 20))
+    assert job.returncode == 0, job.stderr
+    assert target.read_text() == "untouched"
 
 
 def test_outputs_past_the_total_cap_stop_the_job(launch: Launch) -> None:

@@ -97,3 +97,29 @@ def test_a_bad_namespace_is_refused(monkeypatch: pytest.MonkeyPatch, namespace: 
     monkeypatch.setenv("POSTTRAIN_TASK_ASSETS_NAMESPACE", namespace)
     with pytest.raises(ValueError, match="namespace"):
         AssetLocation()
+
+
+def test_a_plugin_asking_for_more_than_the_platforms_maxima_is_refused_with_the_numbers(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install(site, "lab-tasks", "lab_task", {"lab_task": "lab_task:PLUGIN"})
+    # The builtin tasks' agent jobs keep a 2 GiB output tree and a 64 MiB log copy.
+    monkeypatch.setenv("POSTTRAIN_MAX_JOB_MAX_OUTPUT_BYTES", str(1 << 30))
+    monkeypatch.setenv("POSTTRAIN_MAX_JOB_MAX_LOG_FILE_BYTES", str(1 << 20))
+    with pytest.raises(TaskRegistryError) as caught:
+        tasks.task_names()
+    message = str(caught.value)
+    assert "asks for more than the platform allows" in message
+    assert f"agent job max_output_bytes {2 << 30} > the platform's {1 << 30}" in message
+    assert f"agent job max_log_file_bytes {64 << 20} > the platform's {1 << 20}" in message
+    assert "grader job" not in message  # the graders' limits fit
+
+
+def test_a_plugin_within_the_maxima_keeps_its_own_limits_in_its_public_view(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install(site, "lab-tasks", "lab_task", {"lab_task": "lab_task:PLUGIN"})
+    monkeypatch.setenv("POSTTRAIN_MAX_JOB_MAX_OUTPUT_BYTES", str(2 << 30))
+    view = tasks.get_task("lab_task").public_view()
+    assert view.agent_job_limits.max_output_bytes == 2 << 30
+    assert view.grader_job_limits.max_log_file_bytes == 0

@@ -12,6 +12,7 @@ from posttrain_operator.api import crds
 from posttrain_operator.config import OperatorSettings
 
 from env_gateway.config import GatewaySettings
+from graders.job_limits import JobLimitMaxima
 from graders.tasks import AssetLocation
 from tests.unit.helm.chart import (
     CHART,
@@ -176,10 +177,12 @@ def test_hf_token_is_only_a_secret_reference_and_only_the_operator_gets_it() -> 
     gateway = container_env(main_container(docs, f"{FULL}-gateway"))
     refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in gateway.values() if "valueFrom" in e]
     assert refs == [f"{FULL}-orchestrator-token"]  # its own orchestrator token, never the HF one
-    # Of the operator's settings the gateway shares only where the tasks' repos are.
+    # Of the operator's settings the gateway shares only the task registry's: where the tasks' repos
+    # are, and the most their jobs may ask for.
     assert [k for k in gateway if k.startswith(("POSTTRAIN_", "HF_"))] == [
         "POSTTRAIN_TASK_ASSETS_NAMESPACE",
         "POSTTRAIN_TASK_ASSETS_REVISION",
+        *sorted(f"POSTTRAIN_MAX_JOB_{name.upper()}" for name in JobLimitMaxima.model_fields),
     ]
     # No volume of either pod mounts a Secret.
     for _, spec in pod_specs(docs):
@@ -334,6 +337,7 @@ def test_every_environment_variable_is_a_real_setting() -> None:
     gateway_fields = set(GatewaySettings.model_fields)
     # Both read the task registry's own settings (graders.tasks.AssetLocation).
     assets = {f"task_assets_{name}" for name in AssetLocation.model_fields}
+    assets |= {f"max_job_{name}" for name in JobLimitMaxima.model_fields}
     unknown = [
         n
         for n in operator_env
@@ -358,6 +362,18 @@ def test_the_operator_and_the_gateway_find_the_tasks_repos_in_the_same_place() -
     for bad in ("../x", "a/b", ""):
         error = render_error({"tasks": {"assetsNamespace": "my-lab", "assetsRevision": bad}})
         assert "assetsRevision" in error, error
+
+
+def test_the_operator_and_the_gateway_hold_tasks_to_the_same_job_limit_maxima() -> None:
+    docs = render({"tasks": {"jobLimitMaxima": {"maxOutputBytes": 5 << 40}}})
+    for component in ("operator", "gateway"):
+        env = container_env(main_container(docs, f"{FULL}-{component}"))
+        maxima = {k: v["value"] for k, v in env.items() if k.startswith("POSTTRAIN_MAX_JOB_")}
+        assert maxima["POSTTRAIN_MAX_JOB_MAX_OUTPUT_BYTES"] == str(5 << 40)  # not 5.497558e+12
+        # What the processes read is what the chart wrote, every field of it.
+        read = JobLimitMaxima(**{k.removeprefix("POSTTRAIN_MAX_JOB_").lower(): v for k, v in maxima.items()})
+        assert read.max_output_bytes == 5 << 40 and read.max_log_bytes == 16 << 20
+    assert "maxOutputBytes" in render_error({"tasks": {"jobLimitMaxima": {"maxOutputBytes": "lots"}}})
 
 
 def test_pods_backend_mounts_its_store_in_the_operator_only_when_enabled(

@@ -156,10 +156,16 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TERMINATION_LOG = "/dev/termination-log"
 
 
-def _volumes(config: PodsConfig, mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _scratch_size(config: PodsConfig, request: JobRequest) -> str:
+    """The task's scratch bound for the job, or the chart's default."""
+    return str(request.scratch_bytes) if request.scratch_bytes else config.scratch_size
+
+
+def _volumes(config: PodsConfig, request: JobRequest, mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Scratch, and the store once read-only and once writable where a mount needs it."""
     used = {m["name"] for m in mounts}
-    volumes: list[dict[str, Any]] = [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": config.scratch_size}}]
+    scratch = {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": _scratch_size(config, request)}}
+    volumes: list[dict[str, Any]] = [scratch]
     if STORE_RO_VOLUME in used:
         volumes.append({"name": STORE_RO_VOLUME, **_read_only_source(config.store_volume)})
     if STORE_RW_VOLUME in used:
@@ -177,7 +183,7 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     mounts = store_mounts(request)
     if request.launcher_spec.get("packages"):
         mounts.append(wheels_mount(namespace, request.key))
-    limits = {"cpu": flavor.cpu, "memory": flavor.memory, "ephemeral-storage": config.scratch_size}
+    limits = {"cpu": flavor.cpu, "memory": flavor.memory, "ephemeral-storage": _scratch_size(config, request)}
     requests = {
         **limits,
         "cpu": flavor.cpu_request or flavor.cpu,
@@ -228,7 +234,7 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
                 "seccompProfile": dict(SECCOMP),
             },
             "containers": [_container(config, request, {"requests": requests, "limits": limits}, mounts)],
-            "volumes": _volumes(config, mounts),
+            "volumes": _volumes(config, request, mounts),
             **placement,
         },
     }
