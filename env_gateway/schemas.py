@@ -70,6 +70,16 @@ class JobsLogsArgs(Args):
     tail: int = Field(default=100, ge=1, le=1000, description="Last N lines (1..1000).")
 
 
+class ReadArtifactArgs(Args):
+    job: JobName
+    path: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="A file in the job's outputs, relative to them (e.g. metrics.json or "
+        "posttrain-job.log); UTF-8 text of at most 256 KiB.",
+    )
+
+
 class DevEvaluateArgs(Args):
     job: JobName = Field(description="The train job whose outputs are scored on the public dev split.")
     timeout_seconds: int = Field(default=300, ge=60, le=86400)
@@ -121,6 +131,13 @@ class LogsResult(BaseModel):
     job: str
     lines: list[str]
     truncated: bool
+
+
+class ArtifactResult(BaseModel):
+    job: str
+    path: str
+    size: int
+    text: str
 
 
 class CancelResult(BaseModel):

@@ -14,12 +14,13 @@ from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import ENDED_PHASES, new_job_metadata
 from pydantic import BaseModel
 
-from env_gateway.broker import BrokerClient, BrokerError
+from env_gateway.broker import BrokerClient, BrokerError, BrokerRefused
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
 from env_gateway.kube import Kube, Refused
 from env_gateway.schemas import (
     Args,
+    ArtifactResult,
     CancelResult,
     DevEvaluateArgs,
     JobArgs,
@@ -31,6 +32,7 @@ from env_gateway.schemas import (
     JobView,
     LogsResult,
     NoArgs,
+    ReadArtifactArgs,
     SubmitJobArgs,
     SubmitResult,
     ToolFailure,
@@ -253,6 +255,18 @@ async def jobs_logs(ctx: ToolContext, args: JobsLogsArgs) -> LogsResult:
     return LogsResult(job=args.job, lines=lines, truncated=truncated)
 
 
+async def jobs_read_artifact(ctx: ToolContext, args: ReadArtifactArgs) -> ArtifactResult:
+    await _own_job(ctx, args.job)
+    try:
+        found = await ctx.broker.read_artifact(ctx.episode.namespace, args.job, args.path)
+    except BrokerRefused as exc:
+        code = "artifact_not_found" if exc.status == 404 else "artifact_refused"
+        raise ToolFailure(code, str(exc), error_type="invalid_args") from exc
+    except BrokerError as exc:
+        raise ToolFailure("artifacts_unavailable", str(exc), error_type="transport_error") from exc
+    return ArtifactResult(job=args.job, path=found.path, size=found.size, text=found.text)
+
+
 async def jobs_cancel(ctx: ToolContext, args: JobArgs) -> CancelResult:
     job = await _own_job(ctx, args.job)
     if _phase(job) in TERMINAL_JOB_PHASES:
@@ -337,6 +351,14 @@ TOOLS: dict[str, ToolSpec] = {
             read_only=True,
         ),
         ToolSpec("jobs_logs", "The last lines of a job's logs.", JobsLogsArgs, jobs_logs, read_only=True),
+        ToolSpec(
+            "jobs_read_artifact",
+            "Read one text file of a job's outputs (<= 256 KiB): its metrics, or its full log "
+            "(posttrain-job.log).",
+            ReadArtifactArgs,
+            jobs_read_artifact,
+            read_only=True,
+        ),
         ToolSpec("jobs_cancel", "Cancel a job; its cost so far is settled.", JobArgs, jobs_cancel),
         ToolSpec(
             "dev_evaluate",

@@ -9,6 +9,11 @@ SubjectAccessReview for their own identity decides. Every answer is bounded.
     GET /healthz
     GET /v1/namespaces/{namespace}/agentjobs/{name}/logs?tail=N   -> {"lines": [...], "truncated": bool}
     GET /v1/namespaces/{namespace}/agentjobs/{name}/artifacts     -> {"artifacts": [{"path", "size"}]}
+    GET /v1/namespaces/{namespace}/agentjobs/{name}/artifact?path=P -> {"path", "size", "text"}
+
+One artifact is read only if it is a regular UTF-8 text file of at most MAX_ARTIFACT_BYTES under the
+job's outputs: a path that leaves them (absolute, `..`, empty parts) is 400, a file that is missing
+is 404, and one that is a link, not a file, too large or not text is 422, each with the reason.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ log = logging.getLogger(__name__)
 MAX_TAIL = 1000
 MAX_LINE_CHARS = 4096
 MAX_LOG_CHARS = 256 * 1024
+MAX_ARTIFACT_BYTES = 256 * 1024
+MAX_ARTIFACT_PATH_CHARS = 1024
 TOKEN_CACHE_SECONDS = 60.0
 CTX_KEY = web.AppKey("ctx", Context)
 REVIEWS_KEY = web.AppKey("reviews", dict)
@@ -111,6 +118,44 @@ async def artifacts(request: web.Request) -> web.Response:
     return web.json_response({"artifacts": [{"path": a.path, "size": a.size} for a in found[:1000]]})
 
 
+def _error(kind: type[web.HTTPException], message: str) -> web.HTTPException:
+    return kind(text=json.dumps({"error": message}), content_type="application/json")
+
+
+def artifact_path_error(path: str) -> str | None:
+    """Why `path` does not name a file inside a job's outputs, or None when it does."""
+    if not path or len(path) > MAX_ARTIFACT_PATH_CHARS:
+        return f"the path must have 1 to {MAX_ARTIFACT_PATH_CHARS} characters"
+    if path.startswith("/"):
+        return "the path must be relative to the job's outputs, not absolute"
+    if any(part in ("", ".", "..") for part in path.split("/")) or "\x00" in path:
+        return "the path must not contain '..', '.', empty parts or NUL"
+    return None
+
+
+async def artifact(request: web.Request) -> web.Response:
+    ctx, job, status = await _job(request)
+    path = request.query.get("path", "")
+    problem = artifact_path_error(path)
+    if problem:
+        raise _error(web.HTTPBadRequest, problem)
+    handle = handle_of(job, status)
+    if handle is None or status.backend is None:
+        raise _error(web.HTTPNotFound, "the job has no outputs yet")
+    try:
+        data = await ctx.backend(status.backend).read_artifact(handle.output_prefix, path, MAX_ARTIFACT_BYTES)
+    except FileNotFoundError:
+        raise _error(web.HTTPNotFound, f"no file {path!r} in the job's outputs") from None
+    except BackendError as exc:
+        kind = web.HTTPBadGateway if exc.transient else web.HTTPUnprocessableEntity
+        raise _error(kind, str(exc)[:300]) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _error(web.HTTPUnprocessableEntity, f"{path!r} is not UTF-8 text") from None
+    return web.json_response({"path": path, "size": len(data), "text": text})
+
+
 async def healthz(request: web.Request) -> web.Response:
     """Ready unless a backend's credentials are refused or missing (a transient outage is not a
     reason to take the operator out of its Service); each backend's last check in the body."""
@@ -138,6 +183,7 @@ def make_app(ctx: Context) -> web.Application:
     app.router.add_get("/livez", livez)
     app.router.add_get("/v1/namespaces/{namespace}/agentjobs/{name}/logs", logs)
     app.router.add_get("/v1/namespaces/{namespace}/agentjobs/{name}/artifacts", artifacts)
+    app.router.add_get("/v1/namespaces/{namespace}/agentjobs/{name}/artifact", artifact)
     return app
 
 

@@ -52,6 +52,7 @@ WRONG_VALUES: list[Any] = [
 ]  # fmt: skip
 # Arguments that satisfy every required field, so that the one wrong field is the only fault.
 REQUIRED = {"jobs_submit": {"script": "print(1)"}, "dev_evaluate": {"job": "j"}, "jobs_logs": {"job": "j"},
+            "jobs_read_artifact": {"job": "j", "path": "metrics.json"},
             "jobs_cancel": {"job": "j"}, "submit": {"job": "j"}}  # fmt: skip
 # Ids that tool calls reuse, so that some share an id with another request in flight.
 ID_POOL: list[Any] = [0, 1, 2, "1", "🦀", 18446744073709551616, -1, "x" * 256]

@@ -21,8 +21,8 @@ from tests.integration.operator.test_full_episode import ARTIFACT_SCRIPT
 HERE = Path(__file__).parent
 MCP_V1 = "1.30.0"  # the last 1.x release
 TOOL_NAMES = [
-    "dev_evaluate", "jobs_cancel", "jobs_logs", "jobs_status", "jobs_submit", "jobs_wait", "submit",
-    "task_info",
+    "dev_evaluate", "jobs_cancel", "jobs_logs", "jobs_read_artifact", "jobs_status", "jobs_submit",
+    "jobs_wait", "submit", "task_info",
 ]  # fmt: skip
 
 
