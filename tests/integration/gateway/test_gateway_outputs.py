@@ -66,7 +66,7 @@ async def test_an_agent_reads_the_end_of_a_long_log_and_its_jobs_own_text_files(
 
         logs = result(await orch.call("jobs_logs", job=name))
         assert logs["lines"][-1] == "final loss 0.125"  # the end of a 50 MiB log
-        # The kept end is whole lines, in order, up to the last (the head before it: tests/integration/launcher).
+        # The kept end is whole lines in order up to the last (the head: tests/integration/launcher).
         last = result(await orch.call("jobs_logs", job=name, tail=1000))["lines"]
         count = 50 * 1024 * 1024 // 100
         assert last[:-1] == [f"{i:08d} {'x' * 90}" for i in range(count - 999, count)]
