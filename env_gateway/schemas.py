@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from posttrain_operator.api.models import (
     MAX_DATASETS,
+    MAX_INPUTS_FROM,
     MAX_PACKAGES,
     MAX_REQUIREMENT_CHARS,
     MAX_SCRIPT_BYTES,
@@ -47,6 +48,12 @@ class SubmitJobArgs(Args):
     )
     datasets: list[DatasetName] | None = Field(
         default=None, max_length=MAX_DATASETS, description="Dataset mounts; default: all the task allows."
+    )
+    inputs_from: list[JobName] = Field(
+        default_factory=list,
+        max_length=MAX_INPUTS_FROM,
+        description="Succeeded train jobs of this episode whose outputs the job reads (a checkpoint to "
+        "resume or fine-tune further, a tokenized dataset), read-only at $POSTTRAIN_INPUT_FROM_<i>.",
     )
 
 
@@ -97,6 +104,10 @@ class JobView(BaseModel):
     flavor: str | None = None
     timeout_seconds: int | None = None
     checkpoint_from: str | None = None
+    inputs_from: list[str] = Field(default_factory=list)
+    lineage: list[str] = Field(
+        default_factory=list, description="Every job whose outputs this one built on, nearest first."
+    )
     reserved_usd: str | None = None
     spent_usd: str | None = None
     exit_code: int | None = Field(

@@ -9,9 +9,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain_operator.api.models import API_VERSION, TERMINAL_JOB_PHASES, AgentJobStatus, status_of
+from posttrain_operator.api.models import (
+    API_VERSION,
+    TERMINAL_JOB_PHASES,
+    AgentJobSpec,
+    AgentJobStatus,
+    status_of,
+)
 from posttrain_operator.api.money import micro_to_usd
-from posttrain_operator.api.rules import ENDED_PHASES, new_job_metadata
+from posttrain_operator.api.rules import ENDED_PHASES, InvalidInputs, lineage_of, new_job_metadata
 from pydantic import BaseModel
 
 from env_gateway.broker import BrokerClient, BrokerError, BrokerRefused
@@ -69,6 +75,8 @@ def job_view(job: dict[str, Any]) -> JobView:
         flavor=spec.get("flavor"),
         timeout_seconds=spec.get("timeoutSeconds"),
         checkpoint_from=spec.get("checkpointFrom"),
+        inputs_from=list(spec.get("inputsFrom") or []),
+        lineage=list(status.lineage),
         reserved_usd=micro_to_usd(status.reserved_micro_usd),
         spent_usd=micro_to_usd(status.settled_micro_usd),
         exit_code=status.exit_code,
@@ -169,10 +177,24 @@ async def jobs_submit(ctx: ToolContext, args: SubmitJobArgs) -> JobResult:
         "timeoutSeconds": args.timeout_seconds,
         "datasets": args.datasets if args.datasets is not None else sorted(ep.task.agent_datasets),
     }
+    if args.inputs_from:
+        spec["inputsFrom"] = args.inputs_from
+        await _check_inputs(ctx, AgentJobSpec.model_validate(spec))
     job = await _create_and_await_admission(
         ctx, {"apiVersion": API_VERSION, "kind": "AgentJob", "spec": spec}
     )
     return JobResult(job=job_view(job))
+
+
+async def _check_inputs(ctx: ToolContext, spec: AgentJobSpec) -> None:
+    """Refuse, before anything is created, inputs the operator would refuse (it checks again)."""
+    if len(set(spec.inputs_from)) != len(spec.inputs_from):
+        raise ToolFailure("invalid_inputs_from", "inputs_from names a job twice", error_type="invalid_args")
+    found = [await ctx.kube.get_agentjob(ctx.episode.namespace, name) for name in spec.inputs_from]
+    try:
+        lineage_of("", spec, dict(zip(spec.inputs_from, found, strict=True)))
+    except InvalidInputs as exc:
+        raise ToolFailure("invalid_inputs_from", str(exc), error_type="invalid_args") from exc
 
 
 async def dev_evaluate(ctx: ToolContext, args: DevEvaluateArgs) -> JobResult:

@@ -118,7 +118,12 @@ class Task(BaseModel):
     @classmethod
     def _mount_names_are_env_safe(cls, value: dict[str, RepoRef]) -> dict[str, RepoRef]:
         for mount in value:  # as the launcher's input names
-            if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", mount) or mount == AGENT_INPUT_MODEL:
+            # (`from_<i>` are the outputs of the jobs a train job names in inputsFrom.)
+            if (
+                not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", mount)
+                or mount == AGENT_INPUT_MODEL
+                or re.fullmatch(r"from_[0-9]+", mount)
+            ):
                 raise ValueError(f"bad dataset mount name {mount!r}")
         return value
 

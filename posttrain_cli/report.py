@@ -24,7 +24,14 @@ from matplotlib.patches import Patch
 from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import parse_time
 
-from posttrain_cli.views import EPISODE_COLUMNS, LEDGER_COLUMNS, episode_row, ledger_rows
+from posttrain_cli.views import (
+    EPISODE_COLUMNS,
+    LEDGER_COLUMNS,
+    LINEAGE_COLUMNS,
+    episode_row,
+    ledger_rows,
+    lineage_rows,
+)
 
 Obj = dict[str, Any]
 PHASE_COLORS = {
@@ -208,6 +215,7 @@ def episode_report(ep: Obj, jobs: list[Obj], now: datetime) -> tuple[str, bytes]
     body = (
         f"{summary}<h2>Timeline, spend and steps</h2>{_img(png, 'episode timeline')}"
         f"<h2>Ledger per job</h2>{_table(LEDGER_COLUMNS, ledger_rows(ep, jobs))}"
+        f"<h2>Lineage</h2>{_table(LINEAGE_COLUMNS, lineage_rows(ep, jobs))}"
         f"<p>Generated {now.isoformat(timespec='seconds')}.</p>"
     )
     return _page(f"Episode {ep['metadata']['namespace']}/{ep['metadata']['name']}", body), png

@@ -92,6 +92,25 @@ def _created(job: Obj | None, name: str) -> tuple[str, str]:
     return ((job or {}).get("metadata", {}).get("creationTimestamp", "~"), name)
 
 
+LINEAGE_COLUMNS = ("JOB", "READS", "BUILT ON")
+
+
+def lineage_rows(ep: Obj, jobs: list[Obj]) -> list[tuple[str, ...]]:
+    """Each train job that read other jobs' outputs: what it named (inputsFrom) and its whole lineage;
+    the submission's row ends at the task's base model, which every train job starts from."""
+    submitted = ((ep.get("spec") or {}).get("submission") or {}).get("checkpointFrom")
+    rows: list[tuple[str, ...]] = []
+    for job in sorted(jobs, key=lambda j: _created(j, j["metadata"]["name"])):
+        name = job["metadata"]["name"]
+        reads = (job.get("spec") or {}).get("inputsFrom") or []
+        if not reads and name != submitted:
+            continue
+        lineage = [*((job.get("status") or {}).get("lineage") or []), "base model"]
+        label = f"{name} (submitted)" if name == submitted else name
+        rows.append((label, ", ".join(reads) or "-", " <- ".join(lineage)))
+    return rows
+
+
 def describe(ep: Obj, jobs: list[Obj], now: datetime) -> str:
     status, spec = ep.get("status") or {}, ep.get("spec") or {}
     ledger = status.get("ledger") or {}
@@ -112,4 +131,7 @@ def describe(ep: Obj, jobs: list[Obj], now: datetime) -> str:
     if status.get("message"):
         lines.append(f"Message:   {status['message']}")
     lines += ["", "Ledger:", table(LEDGER_COLUMNS, ledger_rows(ep, jobs))]
+    lineage = lineage_rows(ep, jobs)
+    if lineage:
+        lines += ["", "Lineage:", table(LINEAGE_COLUMNS, lineage)]
     return "\n".join(lines)

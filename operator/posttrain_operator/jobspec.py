@@ -21,6 +21,7 @@ from posttrain_operator.api.models import AgentJobSpec
 from posttrain_operator.backends.base import JobRequest, OutputMount, RepoMount
 
 INPUTS_ROOT = "/inputs"
+INPUTS_FROM_ROOT = f"{INPUTS_ROOT}/from"
 OUTPUT_DIR = "/outputs"
 
 
@@ -66,6 +67,11 @@ def validate_against_task(spec: AgentJobSpec, task: Task, flavors: list[str], ma
             )
 
 
+def input_from_name(index: int) -> str:
+    """The launcher's input name of the `index`th of `inputsFrom` (POSTTRAIN_INPUT_FROM_<index>)."""
+    return f"from_{index}"
+
+
 def build_request(
     *,
     spec: AgentJobSpec,
@@ -82,6 +88,14 @@ def build_request(
     if spec.purpose == "train":
         if task.base_model is not None:
             repos.append(_mount(AGENT_INPUT_MODEL, task.base_model))
+        for index, source in enumerate(spec.inputs_from):
+            mount = OutputMount(
+                prefix=output_prefix(namespace, spec.episode, source),
+                mount_path=f"{INPUTS_FROM_ROOT}/{source}",
+                read_only=True,
+            )
+            inputs_from.append(mount)
+            inputs[input_from_name(index)] = mount.mount_path
         names = spec.datasets or sorted(task.agent_datasets)
         repos += [_mount(name, task.agent_datasets[name]) for name in names]
         launcher |= {

@@ -91,6 +91,18 @@ AGENTJOB_SPEC_RULES = [
         "message": f"spec.script is larger than {MAX_SCRIPT_BYTES} bytes (UTF-8)",
         "fieldPath": ".script",
     },
+    {
+        "rule": "self.purpose == 'train' || !has(self.inputsFrom) || size(self.inputsFrom) == 0",
+        "message": "spec.inputsFrom is for train jobs only",
+        "fieldPath": ".inputsFrom",
+    },
+]
+# Rules over the whole object (they see metadata.name).
+AGENTJOB_RULES = [
+    {
+        "rule": "!has(self.spec.inputsFrom) || !(self.metadata.name in self.spec.inputsFrom)",
+        "message": "spec.inputsFrom names the job itself",
+    },
 ]
 
 
@@ -104,13 +116,14 @@ def _crd(
     columns: list[dict[str, Any]],
     description: str,
     selectable: tuple[str, ...] = (),
+    object_rules: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     spec_schema = schema_of(spec)
     spec_schema["x-kubernetes-validations"] = rules
     spec_schema["description"] = f"{kind}Spec is the desired state, set by its creator."
     status_schema = schema_of(status)
     status_schema["description"] = f"{kind}Status is the observed state, written by the operator."
-    schema = {
+    schema: dict[str, Any] = {
         "type": "object",
         "description": description,
         "required": ["spec"],
@@ -122,6 +135,8 @@ def _crd(
             "status": status_schema,
         },
     }
+    if object_rules:
+        schema["x-kubernetes-validations"] = object_rules
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -208,6 +223,7 @@ def render() -> dict[str, dict[str, Any]]:
         ],
         "AgentJob is one batch job of an Episode, run isolated on the Episode's backend.",
         selectable=(".spec.episode", ".spec.purpose"),
+        object_rules=AGENTJOB_RULES,
     )
     return {f"{GROUP}_episodes.yaml": episode, f"{GROUP}_agentjobs.yaml": agentjob}
 

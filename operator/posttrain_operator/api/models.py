@@ -22,6 +22,8 @@ MAX_SCRIPT_BYTES = 256 * 1024
 MAX_PACKAGES = 32
 MAX_REQUIREMENT_CHARS = 200
 MAX_DATASETS = 8
+MAX_INPUTS_FROM = 8
+MAX_LINEAGE = 64
 MAX_ARTIFACTS = 100
 MAX_CONDITIONS = 16
 MAX_ORPHANS = 1000
@@ -37,6 +39,7 @@ def within_script_bytes(script: str) -> str:
 
 
 Script = Annotated[str, AfterValidator(within_script_bytes)]
+JobName = Annotated[str, Field(max_length=253, pattern=NAME_PATTERN)]
 Backend = Literal["hf-jobs", "pods"]
 EpisodePhase = Literal["Pending", "Running", "Scoring", "Completed", "Failed"]
 Outcome = Literal["Scored", "LimitReached", "GraderFailed", "Cancelled"]
@@ -281,6 +284,13 @@ class AgentJobSpec(ApiModel):
         pattern=NAME_PATTERN,
         description="checkpointFrom names the AgentJob whose outputs are graded (devEval and score).",
     )
+    inputs_from: list[JobName] = Field(
+        default_factory=list,
+        max_length=MAX_INPUTS_FROM,
+        description="inputsFrom names earlier Succeeded train jobs of the same episode whose outputs "
+        "this train job reads, read-only, at POSTTRAIN_INPUT_FROM_<i> in this order.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
 
 
 class Artifact(ApiModel):
@@ -346,6 +356,12 @@ class AgentJobStatus(ApiModel):
         description="artifacts lists the job's outputs (bounded).",
     )
     result: GradeResult | None = Field(default=None, description="result is a grader job's score.")
+    lineage: list[JobName] = Field(
+        default_factory=list,
+        max_length=MAX_LINEAGE,
+        description="lineage lists the jobs whose outputs this job built on (inputsFrom, then theirs, "
+        "nearest first); recorded at admission.",
+    )
     observed_generation: int | None = Field(
         default=None, description="observedGeneration is the spec generation the operator last acted on."
     )

@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from posttrain_operator.api.models import API_VERSION, EpisodeSpec, EpisodeStatus, Ledger
+from posttrain_operator.api.models import (
+    API_VERSION,
+    MAX_LINEAGE,
+    AgentJobSpec,
+    AgentJobStatus,
+    EpisodeSpec,
+    EpisodeStatus,
+    Ledger,
+    status_of,
+)
 from posttrain_operator.api.money import usd_to_micro
 
 # On every object that belongs to an Episode (its AgentJobs, its token Secret, pods-backend namespaces).
@@ -111,6 +120,38 @@ def allowed_flavors(spec: EpisodeSpec, task: TaskDefaults) -> list[str]:
 def grader_flavor(spec: EpisodeSpec, task: TaskDefaults) -> str:
     """The flavor of the episode's dev and score grader jobs: the task's, else the first allowed."""
     return task.grader_flavor or allowed_flavors(spec, task)[0]
+
+
+class InvalidInputs(ValueError):
+    """A train job's inputsFrom names a job it may not read; the message says which and why."""
+
+
+def lineage_of(
+    job_name: str, spec: AgentJobSpec, inputs: Mapping[str, Mapping[str, Any] | None]
+) -> list[str]:
+    """The jobs a train job builds on (its `inputsFrom`, then theirs, nearest first, each once), given
+    each named job as read (None: not found). Raises InvalidInputs for the first input it may not
+    read: only Succeeded train jobs of its own episode, other than itself."""
+    lineage: list[str] = []
+    for name in spec.inputs_from:
+        found = inputs.get(name) or {}
+        found_spec = found.get("spec") or {}
+        found_status = status_of(AgentJobStatus, found.get("status"))
+        if name == job_name:
+            raise InvalidInputs("inputsFrom names the job itself")
+        if not found or found_spec.get("episode") != spec.episode:
+            raise InvalidInputs(f"inputsFrom: no job {name!r} in episode {spec.episode!r}")
+        if found_spec.get("purpose") != "train":
+            raise InvalidInputs(f"inputsFrom: {name!r} is a {found_spec.get('purpose')} job, not a train job")
+        if found_status.phase != "Succeeded":
+            phase = found_status.phase or "Pending"
+            raise InvalidInputs(
+                f"inputsFrom: {name!r} is {phase}; only a Succeeded job's outputs can be read"
+            )
+        lineage += [n for n in (name, *found_status.lineage) if n not in lineage]
+    if len(lineage) > MAX_LINEAGE:
+        raise InvalidInputs(f"inputsFrom: the lineage holds {len(lineage)} jobs; at most {MAX_LINEAGE}")
+    return lineage
 
 
 def jobs_running(ledger: Ledger) -> int:

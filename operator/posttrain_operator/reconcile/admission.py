@@ -22,10 +22,12 @@ from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import (
+    InvalidInputs,
     allowed_flavors,
     grader_flavor,
     jobs_running,
     limits_in_force,
+    lineage_of,
     parse_time,
 )
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
@@ -188,6 +190,18 @@ async def _price(
         raise Retry(f"price lookup failed: {exc}") from exc
 
 
+async def _lineage(ctx: Context, job: dict[str, Any], spec: AgentJobSpec) -> list[str] | Rejection:
+    """The jobs a train job reads outputs of, checked as they are now (read only when it names any)."""
+    if not spec.inputs_from:
+        return []
+    namespace = job["metadata"]["namespace"]
+    found = await asyncio.gather(*(ctx.kube.get_agentjob(namespace, name) for name in spec.inputs_from))
+    try:
+        return lineage_of(job["metadata"]["name"], spec, dict(zip(spec.inputs_from, found, strict=True)))
+    except InvalidInputs as exc:
+        return Rejection(cond.INVALID_JOB, str(exc))
+
+
 async def _decide(
     ctx: Context, job: dict[str, Any], spec: AgentJobSpec, episode: dict[str, Any] | None, *, watched: bool
 ) -> tuple[dict[str, Any] | None, tuple[Task, EpisodeSpec, list[str]] | Rejection]:
@@ -264,6 +278,10 @@ async def _admit(
         return None
     task, ep_spec, _ = decided
     assert episode is not None
+    lineage = await _lineage(ctx, job, spec)
+    if isinstance(lineage, Rejection):
+        await _reject(ctx, job, status, lineage)
+        return None
     price = await _price(ctx, job, status, ep_spec.backend, spec.flavor)
     if isinstance(price, Rejection):
         await _reject(ctx, job, status, price)
@@ -288,6 +306,7 @@ async def _admit(
             "idempotency_key": idempotency_key(meta["uid"]),
             "reserved_micro_usd": reserved,
             "reserved_usd": micro_to_usd(reserved),
+            "lineage": lineage,
         }
     )
     status = with_condition(ctx, job, status, cond.ADMITTED, True, "Reserved", message)

@@ -48,7 +48,7 @@ def test_t0_artifact_episode_scores_one_when_right(
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
     job = _run_job(kubectl, namespace, "answer", "ep1", ARTIFACT_SCRIPT)
     assert job["status"]["phase"] == "Succeeded", json.dumps(job["status"])[:2000]
-    assert [a["path"] for a in job["status"]["artifacts"]] == ["answer.json"]
+    assert [a["path"] for a in job["status"]["artifacts"]] == ["answer.json", "posttrain-job.log"]
 
     check = agentjob_manifest("check", "ep1", purpose="devEval", script="", checkpointFrom="answer")
     apply(kubectl, namespace, check)

@@ -119,3 +119,37 @@ def test_score_job_from_a_user_is_rejected(
     )
     job = wait_phase(kubectl, namespace, "agentjob", "fake-score", {"Rejected"})
     assert job["status"]["message"] == "score jobs are created only by the operator"
+
+
+def test_inputs_a_kubectl_user_names_wrongly_are_rejected_with_the_reason(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    """What only the operator can know: whether each named job exists in the same episode, is a train
+    job and has Succeeded. A job that names such inputs is Rejected before any reservation."""
+    apply(kubectl, namespace, episode_manifest("ep1"), episode_manifest("ep2"))
+    for episode in ("ep1", "ep2"):
+        wait_phase(kubectl, namespace, "episode", episode, {"Running"})
+    apply(kubectl, namespace, agentjob_manifest("done", "ep1"), agentjob_manifest("theirs", "ep2"))
+    for job in ("done", "theirs"):
+        wait_phase(kubectl, namespace, "agentjob", job, {"Succeeded"})
+    dev = agentjob_manifest("dev", "ep1", purpose="devEval", script="", checkpointFrom="done")
+    apply(kubectl, namespace, dev)
+    wait_phase(kubectl, namespace, "agentjob", "dev", {"Succeeded", "Failed"})
+    cases = {
+        "from-missing": (["no-such-job"], "no job 'no-such-job' in episode 'ep1'"),
+        "from-theirs": (["theirs"], "no job 'theirs' in episode 'ep1'"),
+        "from-dev": (["dev"], "'dev' is a devEval job, not a train job"),
+        "from-both": (["done", "dev"], "'dev' is a devEval job"),
+    }
+    for name, (inputs, _) in cases.items():
+        apply(kubectl, namespace, agentjob_manifest(name, "ep1", inputsFrom=inputs))
+    for name, (_, message) in cases.items():
+        decided = {"Rejected", "Admitted", "Running"}
+        status = wait_phase(kubectl, namespace, "agentjob", name, decided)["status"]
+        assert (status["phase"], status["reason"]) == ("Rejected", "InvalidJob"), status
+        assert message in status["message"]
+    entries = get(kubectl, namespace, "episode", "ep1")["status"]["ledger"]["entries"]
+    assert not set(cases) & set(entries)  # refused before any reservation
+    apply(kubectl, namespace, agentjob_manifest("from-done", "ep1", inputsFrom=["done"]))
+    admitted = wait_phase(kubectl, namespace, "agentjob", "from-done", {"Succeeded", "Rejected"})
+    assert admitted["status"]["phase"] == "Succeeded" and admitted["status"]["lineage"] == ["done"]

@@ -114,3 +114,23 @@ def test_agentjob_spec_is_immutable(kubectl: Kubectl, namespace: str, crds: None
     assert "AgentJob spec is immutable" in _patch(
         kubectl, namespace, "agentjob", "j", {"spec": {"timeoutSeconds": 900}}
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "message"),
+    [
+        ("itself", {"inputsFrom": ["itself"]}, "spec.inputsFrom names the job itself"),
+        ("dev", {"purpose": "devEval", "script": "", "checkpointFrom": "a", "inputsFrom": ["a"]},
+         "spec.inputsFrom is for train jobs only"),
+        ("twice", {"inputsFrom": ["a", "a"]}, 'spec.inputsFrom[1]: Duplicate value: "a"'),
+        ("many", {"inputsFrom": [f"j{i}" for i in range(9)]}, "must have at most 8 items"),
+        ("upper", {"inputsFrom": ["Not-A-Name"]}, "spec.inputsFrom[0]"),
+    ],
+    ids=["itself", "grader-job", "twice", "too-many", "bad-name"],
+)  # fmt: skip
+def test_inputs_from_that_cannot_be_right_is_refused_by_the_api_server(
+    kubectl: Kubectl, namespace: str, crds: None, name: str, spec: dict, message: str
+) -> None:
+    stderr = _create(kubectl, namespace, agentjob_manifest(name, "ep", **spec))
+    assert message in stderr, stderr
+    assert _count(kubectl, namespace, "agentjobs") == 0

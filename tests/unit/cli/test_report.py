@@ -93,3 +93,19 @@ def test_describe_lists_every_ledger_entry_with_its_job() -> None:
     assert lines["t1"][1:5] == ["train", "Succeeded", "$0.00167", "$0.000334"]
     assert lines["s"][-1] == "platform" or "platform" in lines["s"]
     assert lines["big"][2] == "Rejected" and lines["big"][3] == "-"
+
+
+def test_describe_and_the_report_show_which_job_read_which_back_to_the_base_model() -> None:
+    sft = job("sft", "train", "Succeeded", "2026-01-01T12:00:10Z", "2026-01-01T12:02:00Z", 334)
+    dpo = job("dpo", "train", "Succeeded", "2026-01-01T12:02:10Z", "2026-01-01T12:03:00Z", 167)
+    dpo["spec"]["inputsFrom"] = ["sft"]
+    dpo["status"]["lineage"] = ["sft"]
+    episode = {**EPISODE, "spec": {**EPISODE["spec"], "submission": {"checkpointFrom": "dpo"}}}
+    text = describe(episode, [sft, dpo], NOW)
+    lineage = text.split("Lineage:")[1].strip().splitlines()
+    assert lineage[0].split() == ["JOB", "READS", "BUILT", "ON"]
+    assert lineage[1].split() == ["dpo", "(submitted)", "sft", "sft", "<-", "base", "model"]
+    assert len(lineage) == 2  # sft read nothing and was not submitted
+    page, _ = episode_report(episode, [sft, dpo], NOW)
+    assert "<h2>Lineage</h2>" in page and "sft &lt;- base model" in page
+    assert "Lineage:" not in describe(EPISODE, JOBS, NOW)  # nothing read, nothing submitted

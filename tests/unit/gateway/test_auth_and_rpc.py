@@ -117,7 +117,7 @@ async def test_without_an_episode_only_tools_call_is_refused(gateway: Gateway, c
         return answer
 
     assert (await ask("ping"))["result"] == {}
-    assert len((await ask("tools/list"))["result"]["tools"]) == 8
+    assert len((await ask("tools/list"))["result"]["tools"]) == 9
     call = await ask("tools/call", {"name": "task_info", "arguments": {}})
     assert call["error"]["code"] == -32602 and "no episode" in call["error"]["message"]
 
@@ -137,4 +137,4 @@ async def test_an_agent_token_reaches_only_its_own_episodes_session(
         await dispatch_rpc(gateway, sessions, message, Caller(token="token-b", agent=agent_b))
     assert (failure.value.status, failure.value.code) == (403, "wrong_episode")
     own = await dispatch_rpc(gateway, sessions, message, Caller(token="token-a"))
-    assert own is not None and len(own["result"]["tools"]) == 8
+    assert own is not None and len(own["result"]["tools"]) == 9
