@@ -139,3 +139,24 @@ async def wait_until(store: Store, name: str, done: Callable[[Obj], bool], secon
                 await event.wait()
         except TimeoutError:
             return store.get(name)
+
+
+async def wait_any(
+    store: Store, names: list[str], done: Callable[[dict[str, Obj | None]], bool], seconds: float
+) -> dict[str, Obj | None]:
+    """The stored objects of `names` (None: deleted or unknown) once `done` holds of them, else as
+    they are at the timeout. Woken by a change of any of them, never by polling."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        events = [store.changed(name) for name in names]
+        seen = {name: store.get(name) for name in names}
+        left = deadline - loop.time()
+        if done(seen) or left <= 0:
+            return seen
+        waits = [asyncio.ensure_future(event.wait()) for event in events]
+        try:
+            await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()

@@ -47,5 +47,9 @@ class GatewaySettings(BaseSettings):
         default=5.0, gt=0, le=20, description="How long jobs_submit waits for Admitted or Rejected."
     )
     max_wait_seconds: float = Field(
-        default=25.0, gt=0, le=25, description="Upper bound of one jobs_wait (clients time out at 30 s)."
+        default=240.0,
+        gt=0,
+        le=3600,
+        description="Upper bound of one jobs_wait. The default stays under the 300 s an MCP SDK client "
+        "reads for by default; the tool's own default (20 s) suits clients that give up at 30 s.",
     )

@@ -23,7 +23,7 @@ from posttrain_operator.api.models import GROUP, VERSION
 from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
 from posttrain_operator.client_environment import read_environment_once
 
-from env_gateway.cache import Store, wait_until
+from env_gateway.cache import Store, wait_any, wait_until
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -292,6 +292,21 @@ class Kube:
         if store.get(name) is None and await self._get(namespace, plural, name) is None:
             return None
         return await wait_until(store, name, done, seconds)
+
+    async def wait_for_any(
+        self,
+        namespace: str,
+        plural: str,
+        names: list[str],
+        done: Callable[[dict[str, Obj | None]], bool],
+        seconds: float,
+    ) -> dict[str, Obj | None]:
+        """The objects `names` (None: gone) once `done` holds of them, else as they are after
+        `seconds`; woken by the mirror's watch. The caller has read each of them already."""
+        store = self._store(namespace, plural)
+        if store is None:
+            raise RuntimeError(f"{namespace}: not a mirrored namespace")
+        return await wait_any(store, names, done, seconds)
 
     async def create(self, namespace: str, plural: str, body: Obj) -> Obj:
         """Raises Refused when the schema refuses the object (400/422)."""

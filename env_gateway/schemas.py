@@ -13,7 +13,7 @@ from posttrain_operator.api.models import (
     MAX_SCRIPT_BYTES,
     Script,
 )
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 JobName = Annotated[
     str, StringConstraints(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -65,11 +65,33 @@ class JobsStatusArgs(Args):
     job: JobName | None = Field(default=None, description="One job, or omit for every job of the episode.")
 
 
+MAX_WAIT_JOBS = 16
+
+
 class JobsWaitArgs(Args):
     job: JobName | None = Field(
-        default=None, description="The job to wait for; omit to wait for the episode's end (after submit)."
+        default=None,
+        description="One job to wait for until it finishes; omit job and jobs to wait for the "
+        "episode's end (after submit).",
     )
-    timeout_seconds: float = Field(default=20.0, gt=0, le=25, description="At most 25 s per call.")
+    jobs: list[JobName] = Field(
+        default_factory=list,
+        max_length=MAX_WAIT_JOBS,
+        description="Several jobs: wait until any of them changes phase (e.g. starts or finishes).",
+    )
+    timeout_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        le=3600,
+        description="How long to wait, within the gateway's limit (task_info: max_wait_seconds); "
+        "your client must wait as long (MCP SDK clients read for 300 s by default).",
+    )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> JobsWaitArgs:
+        if self.job is not None and self.jobs:
+            raise ValueError("give job or jobs, not both")
+        return self
 
 
 class JobsLogsArgs(Args):
@@ -133,6 +155,10 @@ class JobResult(BaseModel):
 class WaitResult(BaseModel):
     finished: bool
     job: JobView | None = None
+    jobs: list[JobView] | None = None
+    changed: list[str] | None = Field(
+        default=None, description="Of `jobs`, those whose phase changed during the wait."
+    )
     episode_phase: str | None = None
     outcome: str | None = None
     reward: str | None = None

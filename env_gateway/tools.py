@@ -160,6 +160,7 @@ async def task_info(ctx: ToolContext, _: NoArgs) -> dict[str, Any]:
         "max_wall_seconds": limits.max_wall_seconds,
         "max_concurrent_jobs": limits.max_concurrent_jobs,
         "max_job_timeout_seconds": limits.max_job_timeout_seconds,
+        "max_wait_seconds": ctx.settings.max_wait_seconds,
         "submission": ep.spec.submission.checkpoint_from if ep.spec.submission else None,
     }
     return view
@@ -244,6 +245,8 @@ async def jobs_status(ctx: ToolContext, args: JobsStatusArgs) -> JobsResult:
 
 async def jobs_wait(ctx: ToolContext, args: JobsWaitArgs) -> WaitResult:
     timeout = min(args.timeout_seconds, ctx.settings.max_wait_seconds)
+    if args.jobs:
+        return await _wait_for_any_change(ctx, args.jobs, timeout)
     ep = ctx.episode
     if args.job is None:
         body = ep.body
@@ -266,6 +269,26 @@ async def jobs_wait(ctx: ToolContext, args: JobsWaitArgs) -> WaitResult:
     job = await _own_job(ctx, args.job)
     job = await _wait_for(ctx, args.job, job, lambda j: _phase(j) in TERMINAL_JOB_PHASES, timeout)
     return WaitResult(finished=_phase(job) in TERMINAL_JOB_PHASES, job=job_view(job))
+
+
+async def _wait_for_any_change(ctx: ToolContext, names: list[str], seconds: float) -> WaitResult:
+    """Until any named job is in another phase than at the start (or is gone), or all have finished."""
+    names = list(dict.fromkeys(names))
+    start = {name: _phase(await _own_job(ctx, name)) for name in names}
+
+    def changed(seen: dict[str, dict[str, Any] | None]) -> list[str]:
+        return [n for n in names if seen[n] is None or _phase(seen[n] or {}) != start[n]]
+
+    def done(seen: dict[str, dict[str, Any] | None]) -> bool:
+        return bool(changed(seen)) or all(p in TERMINAL_JOB_PHASES for p in start.values())
+
+    seen = await ctx.kube.wait_for_any(ctx.episode.namespace, "agentjobs", names, done, seconds)
+    views = [job_view(job) for job in seen.values() if job is not None]
+    return WaitResult(
+        finished=all(v.phase in TERMINAL_JOB_PHASES for v in views) and len(views) == len(names),
+        jobs=views,
+        changed=changed(seen),
+    )
 
 
 async def jobs_logs(ctx: ToolContext, args: JobsLogsArgs) -> LogsResult:
@@ -367,7 +390,8 @@ TOOLS: dict[str, ToolSpec] = {
         ),
         ToolSpec(
             "jobs_wait",
-            "Wait (at most 25 s) for a job to finish, or without a job for the episode's end after submit.",
+            "Wait for a job to finish, for any of several jobs to change phase, or (neither given) for "
+            "the episode's end after submit; one step however long (up to max_wait_seconds).",
             JobsWaitArgs,
             jobs_wait,
             read_only=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from env_gateway.cache import Store, wait_until
+from env_gateway.cache import Store, wait_any, wait_until
 
 
 def job(name: str, rv: int, phase: str = "Running", episode: str = "ep") -> dict[str, Any]:
@@ -85,3 +85,25 @@ async def test_a_waiter_returns_the_object_as_it_is_at_the_timeout() -> None:
     store = Store()
     store.upsert(job("a", 1))
     assert await wait_until(store, "a", lambda o: False, 0.05) == job("a", 1)
+
+
+async def test_a_wait_on_several_objects_wakes_on_a_change_of_any_of_them() -> None:
+    store = Store()
+    store.upsert(job("a", 1))
+    store.upsert(job("b", 1))
+
+    def b_finished(seen: dict[str, Any]) -> bool:
+        return seen["b"] is not None and seen["b"]["status"]["phase"] == "Succeeded"
+
+    waiting = asyncio.create_task(wait_any(store, ["a", "b"], b_finished, 30))
+    await asyncio.sleep(0)
+    store.upsert(job("a", 2, "Failed"))  # a change that does not satisfy it: it waits on
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    store.upsert(job("b", 3, "Succeeded"))
+    seen = await asyncio.wait_for(waiting, 5)
+    assert seen == {"a": job("a", 2, "Failed"), "b": job("b", 3, "Succeeded")}
+    # At the timeout, the objects as they are; a deleted one as None.
+    store.delete(job("a", 4))
+    at_timeout = await wait_any(store, ["a", "b"], lambda seen: False, 0.05)
+    assert at_timeout == {"a": None, "b": job("b", 3, "Succeeded")}

@@ -15,6 +15,7 @@ from starlette.datastructures import Headers
 
 from env_gateway import episode_view
 from env_gateway.auth import bearer, orchestrator_credential
+from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
 from env_gateway.http_mcp import host_allowed
 from env_gateway.kube import Conflict
@@ -185,9 +186,14 @@ def test_jobs_submit_arguments_are_strict_and_bounded(args: dict[str, Any]) -> N
         SubmitJobArgs.model_validate(args)
 
 
-def test_jobs_wait_is_bounded_below_the_client_tool_timeout() -> None:
+def test_jobs_wait_is_bounded_by_default_below_the_mcp_sdks_read_timeout() -> None:
     with pytest.raises(ValidationError):
-        JobsWaitArgs.model_validate({"timeout_seconds": 26})
+        JobsWaitArgs.model_validate({"timeout_seconds": 3601})
+    with pytest.raises(ValidationError, match="give job or jobs, not both"):
+        JobsWaitArgs.model_validate({"job": "a", "jobs": ["b"]})
+    assert JobsWaitArgs.model_validate({}).timeout_seconds <= 25  # for clients that give up at 30 s
+    # The tool waits at most this long: under the 300 s an MCP SDK client reads for by default.
+    assert GatewaySettings.model_fields["max_wait_seconds"].default < 300
 
 
 def test_wire_shapes_carry_metadata_twice_and_a_two_key_error() -> None:
