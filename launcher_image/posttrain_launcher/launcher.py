@@ -14,6 +14,7 @@ import secrets
 import selectors
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -27,6 +28,7 @@ from .spec import ROOT_ENV, JobSpec, SpecError, host_path, load_spec
 PREFIX = joblog.PREFIX
 EXIT_REFUSED = 2  # the launcher refused the job; no job code ran
 EXIT_OUTPUT_CAP = 3  # the job was stopped: its outputs passed max_output_bytes
+EXIT_FILE_CAP = 4  # the job failed with a file at max_file_bytes: a write past it was refused
 
 OUTPUT_SCAN_SECONDS = 2.0
 # After the job exits, how long its leftover descendants may keep the log pipes open.
@@ -206,6 +208,31 @@ def _exit_code(status: int) -> int:
     return code
 
 
+def file_at(roots: list[str], size: int) -> str | None:
+    """A regular file of exactly `size` bytes under `roots` (links not followed), if any: one a write
+    past RLIMIT_FSIZE stopped at. (Python ignores SIGXFSZ, so such a job sees EFBIG, not a kill.)"""
+    for root in roots:
+        for parent, dirs, files in os.walk(root):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(parent, name))
+                    if stat.S_ISREG(st.st_mode) and st.st_size == size:
+                        return os.path.relpath(os.path.join(parent, name), root)
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(parent, d))]
+    return None
+
+
+def clear_outputs(output_dir: str) -> None:
+    """Remove everything the job left in its outputs, so nothing of a stopped job is published. Runs
+    once no process of the job is left; never follows a link (rmtree works from directory fds)."""
+    for entry in os.scandir(output_dir):
+        with contextlib.suppress(FileNotFoundError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+
+
 def _start(job: PreparedJob) -> tuple[int, int, int]:
     """Fork the job into a process group of its own: (its pid, the read ends of its stdout and
     stderr)."""
@@ -279,8 +306,13 @@ def run(job: PreparedJob) -> int:
         log.close(sys.stderr.fileno())
     code = _exit_code(status)
     if over_cap or tree_size(job.output_dir, cap) > cap:
-        _say(f"error: the job's outputs passed max_output_bytes ({cap}); the job was stopped")
+        clear_outputs(job.output_dir)
+        _say(f"error: the job's outputs passed max_output_bytes ({cap}); it was stopped, its outputs removed")
         return EXIT_OUTPUT_CAP
+    at_cap = file_at([job.output_dir, job.private], limits.file_bytes) if code != 0 else None
+    if at_cap is not None:
+        _say(f"error: {at_cap} reached max_file_bytes ({limits.file_bytes}): a write past it was refused")
+        return EXIT_FILE_CAP
     return code
 
 

@@ -17,12 +17,36 @@ from graders.tasks import (
     RepoRef,
     Task,
 )
+from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec
 from posttrain_operator.backends.base import JobRequest, OutputMount, RepoMount
 
 INPUTS_ROOT = "/inputs"
 INPUTS_FROM_ROOT = f"{INPUTS_ROOT}/from"
 OUTPUT_DIR = "/outputs"
+
+
+# The launcher's own exit codes (posttrain_launcher.launcher).
+EXIT_LAUNCHER_REFUSED = 2
+EXIT_OUTPUT_CAP = 3
+EXIT_FILE_CAP = 4
+
+
+def launcher_failure(exit_code: int | None) -> tuple[str, str] | None:
+    """A failed job's reason and message when its exit code is the launcher's own verdict."""
+    if exit_code == EXIT_LAUNCHER_REFUSED:
+        return cond.LAUNCHER_REFUSED, "the launcher refused the job before any of its code ran (see its log)"
+    if exit_code == EXIT_OUTPUT_CAP:
+        return cond.OUTPUT_CAP_EXCEEDED, (
+            "the job's outputs passed its task's max_output_bytes (task_info: agent_job_limits); "
+            "it was stopped and nothing of its outputs was published"
+        )
+    if exit_code == EXIT_FILE_CAP:
+        return cond.FILE_CAP_EXCEEDED, (
+            "a file the job wrote reached its task's max_file_bytes (task_info: agent_job_limits) and "
+            "a write past it was refused; the job failed (its log names the file)"
+        )
+    return None
 
 
 class InvalidJob(ValueError):

@@ -16,6 +16,7 @@ from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobStatus, status_of
 from posttrain_operator.api.rules import format_time, parse_time
 from posttrain_operator.backends.base import BackendError, Handle, RemoteStatus
+from posttrain_operator.jobspec import launcher_failure
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.finishing import finish_agentjob
@@ -82,6 +83,9 @@ async def _apply(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> None:
                 remote.message
                 or f"backend job {job.handle.backend_job_id} {remote.raw_stage or remote.stage}"
             )
+            named = launcher_failure(remote.exit_code) if remote.stage == "failed" else None
+            if named is not None:
+                reason, message = named[0], f"{named[1]} [{message}]"
             await finish_agentjob(
                 ctx, job.namespace, job.name, _TERMINAL[remote.stage], reason, message, remote
             )

@@ -84,8 +84,10 @@ def test_outputs_past_the_total_cap_stop_the_job(launch: Launch) -> None:
     script = (
         "import os, time\n"
         "out = os.environ['POSTTRAIN_OUTPUT_DIR']\n"
+        "os.makedirs(os.path.join(out, 'shards'))\n"
+        "os.symlink('/etc', os.path.join(out, 'etc'))\n"
         "for i in range(3):\n"
-        "    open(os.path.join(out, f'part{i}'), 'wb').write(b'x' * 600_000)\n"
+        "    open(os.path.join(out, 'shards', f'part{i}'), 'wb').write(b'x' * 600_000)\n"
         "time.sleep(120)\n"
         "open(os.path.join(out, 'survived'), 'w').write('yes')\n"
     )
@@ -93,7 +95,17 @@ def test_outputs_past_the_total_cap_stop_the_job(launch: Launch) -> None:
     assert job.returncode == 3
     assert "error: the job's outputs passed max_output_bytes (1000000)" in job.stderr
     assert "killed by SIGKILL" in job.stderr
-    assert not (job.output_dir / "survived").exists()
+    # Nothing of a stopped job is left to publish, and removing it followed no link.
+    assert list(job.output_dir.iterdir()) == [] and os.path.exists("/etc/passwd")
+
+
+@pytest.mark.parametrize("where", ["POSTTRAIN_OUTPUT_DIR", "TMPDIR"])
+def test_a_file_past_max_file_bytes_fails_the_job_with_the_cap_named(launch: Launch, where: str) -> None:
+    script = f"import os\nopen(os.path.join(os.environ[{where!r}], 'shard'), 'wb').write(b'x' * 300_000)"
+    job = launch(script, limits=Limits(max_output_bytes=1_000_000, max_file_bytes=200_000))
+    assert "File too large" in job.stderr  # the job's own error, as Python reports EFBIG
+    assert job.returncode == 4
+    assert "shard reached max_file_bytes (200000): a write past it was refused" in job.stderr
 
 
 def test_sigterm_to_the_launcher_reaches_the_job(job_python: str, job_root: Path) -> None:

@@ -11,7 +11,7 @@ from posttrain_launcher.spec import parse_spec
 from posttrain_operator.api import crds
 from posttrain_operator.api.models import MAX_LINEAGE, AgentJobSpec
 from posttrain_operator.api.rules import InvalidInputs, lineage_of
-from posttrain_operator.jobspec import build_request
+from posttrain_operator.jobspec import build_request, launcher_failure
 
 from graders.tasks import get_task
 
@@ -95,3 +95,21 @@ def test_the_crd_refuses_inputs_from_on_grader_jobs_and_a_job_naming_itself() ->
     (whole,) = schema["x-kubernetes-validations"]
     assert whole["message"] == "spec.inputsFrom names the job itself"
     assert "self.metadata.name in self.spec.inputsFrom" in whole["rule"]
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "words"),
+    [
+        (2, "LauncherRefused", "before any of its code ran"),
+        (3, "OutputCapExceeded", "nothing of its outputs was published"),
+        (4, "FileSizeCapExceeded", "max_file_bytes"),
+    ],
+)
+def test_the_launchers_own_exit_codes_name_their_cause(code: int, reason: str, words: str) -> None:
+    named = launcher_failure(code)
+    assert named is not None and named[0] == reason and words in named[1]
+
+
+@pytest.mark.parametrize("code", [None, 0, 1, 137, 159])
+def test_other_exit_codes_are_the_jobs_own(code: int | None) -> None:
+    assert launcher_failure(code) is None
