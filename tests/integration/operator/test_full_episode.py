@@ -120,3 +120,42 @@ def test_a_fork_bomb_and_a_memory_bomb_fail_their_own_jobs_while_the_episode_goe
     episode = _submit(kubectl, namespace, "answer")
     assert (episode["status"]["outcome"], episode["status"]["reward"]) == ("Scored", "1")
     assert executing_operator.proc is not None and executing_operator.proc.poll() is None
+
+
+# Sparse files: the caps count apparent sizes, so these pass 2 GiB without writing it to disk.
+FILE_PAST_CAP = """
+import os
+with open(os.path.join(os.environ["TMPDIR"], "shard.safetensors"), "wb") as f:
+    f.seek((2 << 30) - 1)
+    f.write(b"xx")  # the second byte would pass the t0 task's max_file_bytes (2 GiB)
+"""
+OUTPUTS_PAST_CAP = """
+import os, time
+out = os.environ["POSTTRAIN_OUTPUT_DIR"]
+for i in range(2):
+    with open(os.path.join(out, f"shard-{i}.safetensors"), "wb") as f:
+        f.seek(1536 << 20)
+        f.write(b"x")
+time.sleep(300)  # the launcher's scan stops it
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "reason", "artifacts"),
+    [(FILE_PAST_CAP, "FileSizeCapExceeded", ["posttrain-job.log"]), (OUTPUTS_PAST_CAP, "OutputCapExceeded", [])],
+    ids=["file-cap", "output-cap"],
+)
+def test_a_job_past_its_tasks_caps_fails_with_the_cap_named_and_a_capped_one_publishes_nothing(
+    kubectl: Kubectl,
+    namespace: str,
+    executing_operator: OperatorProcess,
+    script: str,
+    reason: str,
+    artifacts: list[str],
+) -> None:
+    apply(kubectl, namespace, episode_manifest("ep1"))
+    wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+    job = _run_job(kubectl, namespace, "capped", "ep1", script)
+    status = job["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", reason), json.dumps(status)[:2000]
+    assert [a["path"] for a in status.get("artifacts", [])] == artifacts
