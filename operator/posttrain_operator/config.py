@@ -19,6 +19,9 @@ class PodFlavor(BaseModel):
 
     cpu: str = "1"  # the limit; also the request unless cpuRequest is lower
     memory: str = "2Gi"
+    # /dev/shm, memory-backed (it counts toward `memory`): DataLoader workers and NCCL need more than
+    # the runtime's 64 MiB.
+    shm_size: str = "1Gi"
     cpu_request: str | None = None
     memory_request: str | None = None
     gpus: int = Field(default=0, ge=0)

@@ -68,6 +68,7 @@ def _pods_backend(settings: OperatorSettings, api_client: Any) -> Backend:
             f.cpu,
             f.memory,
             f.price_micro_usd_per_minute,
+            shm_size=f.shm_size,
             cpu_request=f.cpu_request,
             memory_request=f.memory_request,
             gpus=f.gpus,

@@ -142,7 +142,10 @@ time.sleep(300)  # the launcher's scan stops it
 
 @pytest.mark.parametrize(
     ("script", "reason", "artifacts"),
-    [(FILE_PAST_CAP, "FileSizeCapExceeded", ["posttrain-job.log"]), (OUTPUTS_PAST_CAP, "OutputCapExceeded", [])],
+    [
+        (FILE_PAST_CAP, "FileSizeCapExceeded", ["posttrain-job.log"]),
+        (OUTPUTS_PAST_CAP, "OutputCapExceeded", []),
+    ],
     ids=["file-cap", "output-cap"],
 )
 def test_a_job_past_its_tasks_caps_fails_with_the_cap_named_and_a_capped_one_publishes_nothing(

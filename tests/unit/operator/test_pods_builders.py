@@ -3,6 +3,7 @@ status mapping, and the operator's own reads of the artifact store (untrusted fi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -288,7 +289,7 @@ def test_mounts_are_exactly_the_requests_subpaths_read_only_except_the_own_outpu
         outputs=OutputMount("team-a/ep1/grade1", "/outputs"),
     )
     pod = pod_body(CONFIG, request)
-    mounts = [m for m in _container(pod)["volumeMounts"] if m["name"] != "scratch"]
+    mounts = [m for m in _container(pod)["volumeMounts"] if m["name"] not in ("scratch", "shm")]
     assert [(m["name"], m["mountPath"], m["subPath"], m["readOnly"]) for m in mounts] == [
         (STORE_RO_VOLUME, "/inputs/model", "repos/model/org/base/rev1", True),
         (STORE_RO_VOLUME, "/inputs/checkpoint", "outputs/team-a/ep1/train1", True),
@@ -297,6 +298,22 @@ def test_mounts_are_exactly_the_requests_subpaths_read_only_except_the_own_outpu
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes[STORE_RO_VOLUME]["csi"]["readOnly"] is True  # read-only at the source too
     assert "readOnly" not in volumes[STORE_RW_VOLUME]["csi"]
+
+
+def test_scratch_is_the_tasks_size_and_dev_shm_is_memory_of_the_flavors_size() -> None:
+    config = dataclasses.replace(
+        CONFIG, flavors={"cpu-basic": dataclasses.replace(CONFIG.flavors["cpu-basic"], shm_size="3Gi")}
+    )
+    pod = pod_body(config, _request(scratch_bytes=5 << 30))
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "3Gi"}
+    assert volumes["scratch"]["emptyDir"] == {"sizeLimit": str(5 << 30)}
+    assert _container(pod)["resources"]["limits"]["ephemeral-storage"] == str(5 << 30)
+    mounted = {m["name"]: m["mountPath"] for m in _container(pod)["volumeMounts"]}
+    assert (mounted["shm"], mounted["scratch"]) == ("/dev/shm", "/tmp")
+    # Without a task's bound, the chart's default.
+    default = {v["name"]: v for v in pod_body(CONFIG, _request())["spec"]["volumes"]}
+    assert default["scratch"]["emptyDir"] == {"sizeLimit": CONFIG.scratch_size}
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ class Flavor:
     cpu: str
     memory: str
     price_micro_usd_per_minute: int
+    shm_size: str = "1Gi"  # /dev/shm: a memory-backed volume, counted toward `memory`
     cpu_request: str | None = None
     memory_request: str | None = None
     gpus: int = 0

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from posttrain_operator.backends.base import JobRequest, UnknownFlavor
-from posttrain_operator.backends.pods.config import PodsConfig
+from posttrain_operator.backends.pods.config import Flavor, PodsConfig
 from posttrain_operator.backends.pods.names import (
     CONTAINER,
     EPISODE_ANNOTATION,
@@ -21,6 +21,7 @@ from posttrain_operator.backends.pods.names import (
     NETWORK_POLICY,
     PREFIX_ANNOTATION,
     SCRATCH_VOLUME,
+    SHM_VOLUME,
     SOURCE_NAMESPACE_LABEL,
     STORE_RO_VOLUME,
     STORE_RW_VOLUME,
@@ -161,11 +162,14 @@ def _scratch_size(config: PodsConfig, request: JobRequest) -> str:
     return str(request.scratch_bytes) if request.scratch_bytes else config.scratch_size
 
 
-def _volumes(config: PodsConfig, request: JobRequest, mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Scratch, and the store once read-only and once writable where a mount needs it."""
+def _volumes(
+    config: PodsConfig, request: JobRequest, flavor: Flavor, mounts: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Scratch, /dev/shm, and the store once read-only and once writable where a mount needs it."""
     used = {m["name"] for m in mounts}
     scratch = {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": _scratch_size(config, request)}}
-    volumes: list[dict[str, Any]] = [scratch]
+    shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": flavor.shm_size}}
+    volumes: list[dict[str, Any]] = [scratch, shm]
     if STORE_RO_VOLUME in used:
         volumes.append({"name": STORE_RO_VOLUME, **_read_only_source(config.store_volume)})
     if STORE_RW_VOLUME in used:
@@ -234,7 +238,7 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
                 "seccompProfile": dict(SECCOMP),
             },
             "containers": [_container(config, request, {"requests": requests, "limits": limits}, mounts)],
-            "volumes": _volumes(config, request, mounts),
+            "volumes": _volumes(config, request, flavor, mounts),
             **placement,
         },
     }
@@ -293,5 +297,9 @@ def _container(
             "readOnlyRootFilesystem": True,
             "seccompProfile": dict(SECCOMP),
         },
-        "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": "/tmp"}, *mounts],
+        "volumeMounts": [
+            {"name": SCRATCH_VOLUME, "mountPath": "/tmp"},
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            *mounts,
+        ],
     }

@@ -21,6 +21,7 @@ NETWORK_POLICY = "posttrain-default-deny"
 CONTAINER = "job"
 JOB_UID = 10000
 SCRATCH_VOLUME, STORE_RO_VOLUME, STORE_RW_VOLUME = "scratch", "store-ro", "store-rw"
+SHM_VOLUME = "shm"
 REPOS_DIR, OUTPUTS_DIR, WHEELS_DIR = "repos", "outputs", "wheels"
 # Where a job pod finds the wheels the operator staged for it (read-only).
 WHEELS_MOUNT = "/opt/posttrain-wheels"
