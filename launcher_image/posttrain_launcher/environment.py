@@ -83,8 +83,12 @@ def job_environment(
             "HF_HUB_OFFLINE": "1",
             "POSTTRAIN_ROLE": spec.role,
             "POSTTRAIN_OUTPUT_DIR": output_dir,
+            "POSTTRAIN_NETWORK": spec.network,
         }
     )
+    if spec.network == "loopback":
+        # lo is the only interface: gloo and NCCL would otherwise look for one by the host's name.
+        env.update({"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"})
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(pythonpath)
     else:

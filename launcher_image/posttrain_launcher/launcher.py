@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from types import FrameType
 
-from . import egress, environment, joblog, packages, sandbox
+from . import egress, environment, joblog, network, packages, sandbox
 from .bounds import Bounds, BoundsError, derive_bounds
 from .spec import ROOT_ENV, JobSpec, SpecError, host_path, load_spec
 
@@ -52,6 +52,7 @@ class PreparedJob:
     inputs: dict[str, str]
     env: dict[str, str]
     bounds: Bounds
+    network: network.Network
     log_fd: int | None  # the log's copy in the outputs (write-only, not inherited by the job)
 
 
@@ -78,7 +79,8 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
         spec = load_spec(environ)
         requirements = packages.check_requirements(spec.packages)
         bounds = derive_bounds(environ, spec.limits)
-    except (SpecError, packages.PackagePolicyError, BoundsError) as exc:
+        net = network.decide(spec.network, network.interfaces())
+    except (SpecError, packages.PackagePolicyError, BoundsError, network.NetworkRefused) as exc:
         raise Refusal(str(exc)) from None
 
     root = environ.get(ROOT_ENV, "/") or "/"
@@ -130,7 +132,7 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
         except OSError as exc:
             shutil.rmtree(scratch, ignore_errors=True)
             raise Refusal(f"cannot create the log file in {output_dir}: {exc}") from None
-    return PreparedJob(spec, scratch, private, script, cwd, output_dir, inputs, env, bounds, log_fd)
+    return PreparedJob(spec, scratch, private, script, cwd, output_dir, inputs, env, bounds, net, log_fd)
 
 
 def _child(job: PreparedJob, out_w: int, err_w: int) -> None:
@@ -149,6 +151,7 @@ def _child(job: PreparedJob, out_w: int, err_w: int) -> None:
             max_open_files=limits.max_open_files,
             max_processes=job.bounds.processes,
             max_memory_bytes=job.bounds.memory_bytes,
+            network=job.network.mode,
         )
         _check_access(job)
         # -P: neither the script's directory nor the working directory goes on sys.path.
@@ -344,6 +347,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     except Refusal as exc:
         _say(f"error: {exc}")
         return EXIT_REFUSED
+    _say(job.network.describe())
     try:
         return run(job)
     finally:

@@ -48,8 +48,31 @@ def die_with_parent() -> None:
     _prctl(_PR_SET_PDEATHSIG, 9)
 
 
-def build_filter() -> seccomp.SyscallFilter:
-    """Default allow; non-AF_UNIX sockets and io_uring get EACCES; any foreign ABI kills the process.
+# Namespaces the job may not make (a new user namespace widens the kernel surface it can reach;
+# a network namespace of its own is no way out, but nothing a job runs needs one either).
+CLONE_NAMESPACE_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+)
+AF_NETLINK = 16
+NETLINK_ROUTE = 0
+# In loopback mode: the families a job may open, and the socket types and protocols it may not.
+LOOPBACK_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, AF_NETLINK)
+INET_REFUSED_TYPES = (3, 4, 5, 6, 10)  # SOCK_RAW, SOCK_RDM, SOCK_SEQPACKET, SOCK_DCCP, SOCK_PACKET
+INET_REFUSED_PROTOCOLS = {socket.AF_INET: (1, 132, 255), socket.AF_INET6: (58, 132, 255)}  # ICMP, SCTP, RAW
+SOCK_TYPE_MASK = 0xF
+MAX_FAMILY = 64
+
+
+def build_filter(network: str = "unix") -> seccomp.SyscallFilter:
+    """Default allow; what the network mode does not allow, io_uring and new namespaces get EACCES
+    (clone3, whose flags a filter cannot read, ENOSYS: libc then falls back to clone); any foreign
+    ABI kills the process.
 
     The filter holds the native architecture only, so i386 (`int 0x80`) syscalls hit the bad-arch
     action; on x86_64 libseccomp also sends syscall numbers with the x32 bit (0x40000000) there.
@@ -59,11 +82,41 @@ def build_filter() -> seccomp.SyscallFilter:
     # KILL (thread) would leave the other threads of a threaded job running.
     flt.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
     deny = seccomp.ERRNO(errno.EACCES)
-    for name in ("socket", "socketpair"):
-        flt.add_rule(deny, name, seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
+    flt.add_rule(deny, "socketpair", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
+    if network == "loopback":
+        _loopback_socket_rules(flt, deny)
+    else:
+        flt.add_rule(deny, "socket", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
     for name in IO_URING_SYSCALLS:
         flt.add_rule(deny, name)
+    for name in ("unshare", "setns"):
+        flt.add_rule(deny, name)
+    for flag in CLONE_NAMESPACE_FLAGS:
+        flt.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    flt.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
     return flt
+
+
+def _loopback_socket_rules(flt: seccomp.SyscallFilter, deny: int) -> None:
+    """socket(): AF_UNIX; AF_INET and AF_INET6 stream and datagram sockets but not ICMP or SCTP;
+    AF_NETLINK for route messages only (the kernel refuses their writes without CAP_NET_ADMIN)."""
+    for family in range(MAX_FAMILY):
+        if family not in LOOPBACK_FAMILIES:
+            flt.add_rule(deny, "socket", seccomp.Arg(0, seccomp.EQ, family))
+    flt.add_rule(deny, "socket", seccomp.Arg(0, seccomp.GE, MAX_FAMILY))
+    netlink = seccomp.Arg(0, seccomp.EQ, AF_NETLINK)
+    flt.add_rule(deny, "socket", netlink, seccomp.Arg(2, seccomp.NE, NETLINK_ROUTE))
+    for family, protocols in INET_REFUSED_PROTOCOLS.items():
+        for kind in INET_REFUSED_TYPES:
+            flt.add_rule(
+                deny,
+                "socket",
+                seccomp.Arg(0, seccomp.EQ, family),
+                seccomp.Arg(1, seccomp.MASKED_EQ, SOCK_TYPE_MASK, kind),
+            )
+        for protocol in protocols:
+            inet = seccomp.Arg(0, seccomp.EQ, family)
+            flt.add_rule(deny, "socket", inet, seccomp.Arg(2, seccomp.EQ, protocol))
 
 
 def close_inherited_fds() -> None:
@@ -126,14 +179,16 @@ def drop_privileges() -> None:
     raise SandboxError("could regain uid 0 after the drop")
 
 
-def lock_down(max_file_bytes: int, max_open_files: int, max_processes: int, max_memory_bytes: int) -> None:
+def lock_down(
+    max_file_bytes: int, max_open_files: int, max_processes: int, max_memory_bytes: int, network: str = "unix"
+) -> None:
     """Everything between fork and exec, in order. Raises SandboxError if any step fails.
 
     The filter is built before the fds are closed (libseccomp may open files) and loaded before
     the privilege drop, so the drop runs under it; it allows setgroups/setresuid, which the drop
     needs. no_new_privs comes first: loading a filter without CAP_SYS_ADMIN requires it.
     """
-    flt = build_filter()
+    flt = build_filter(network)
     close_inherited_fds()
     set_rlimits(max_file_bytes, max_open_files, max_processes, max_memory_bytes)
     set_no_new_privs()

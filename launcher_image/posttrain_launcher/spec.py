@@ -77,6 +77,8 @@ class JobSpec(BaseModel):
     inputs: dict[InputName, AbsPath] = Field(default_factory=dict, max_length=MAX_INPUTS)
     output_dir: AbsPath
     limits: Limits = Field(default_factory=Limits)
+    # unix: AF_UNIX sockets only. loopback: TCP/UDP on lo too, only in a namespace of lo alone.
+    network: Literal["unix", "loopback"] = "unix"
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:

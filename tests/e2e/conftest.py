@@ -66,7 +66,13 @@ JOB_UID = 10000
 # creation and its start.
 HOLD_LABEL = "posttrain.dev/e2e-hold"
 POD_FLAVORS: dict[str, dict[str, Any]] = {
-    "cpu-basic": {"cpu": "2", "cpuRequest": "250m", "memory": "4Gi", "priceMicroUSDPerMinute": 167},
+    "cpu-basic": {
+        "cpu": "2",
+        "cpuRequest": "250m",
+        "memory": "4Gi",
+        "shmSize": "768Mi",
+        "priceMicroUSDPerMinute": 167,
+    },
     "held": {
         "cpu": "1",
         "cpuRequest": "100m",

@@ -386,17 +386,77 @@ def test_output_cap_deadline_and_memory_stop_the_job_charged_only_what_it_used(
     assert memory["billedSeconds"] < 120
     ledger = release.json("get", "episode", episode)["status"]["ledger"]
     assert ledger["settledMicroUSD"] == sum(s["settledMicroUSD"] for s in statuses.values())
-    # Nothing outside the job's own output prefix changed: the big file is in its own dir only.
+    # Nothing of the capped job is left to publish; the others left only their logs.
     outputs = release.cluster.store_dir / "outputs" / release.namespace / episode  # type: ignore[operator]
-    assert sorted(p.relative_to(outputs).as_posix() for p in outputs.rglob("*") if p.is_file()) == [
-        f"{names['output-cap']}/big{i}" for i in range(3)
-    ]
+    assert sorted(p.relative_to(outputs).as_posix() for p in outputs.rglob("*") if p.is_file()) == sorted(
+        f"{names[label]}/posttrain-job.log" for label in ("deadline", "memory")
+    )
+    assert statuses["output-cap"]["reason"] == "OutputCapExceeded"
 
 
 def _logs(release: Release, job: str) -> list[str]:
     job_id = release.json("get", "agentjob", job)["status"]["backendJobId"]
     namespace, name = job_id.split("/")
     return release.cluster.kubectl("-n", namespace, "logs", name, check=False).splitlines()
+
+
+# --- jobs that build on jobs; what a training job's data loading needs ----------------------------
+
+DRAFT = """
+import json, os
+out = os.environ["POSTTRAIN_OUTPUT_DIR"]
+json.dump({"draft": list(range(64))}, open(os.path.join(out, "draft.json"), "w"))
+"""
+FINISH = """
+import json, os
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+source = os.environ["POSTTRAIN_INPUT_FROM_0"]
+draft = json.load(open(os.path.join(source, "draft.json")))["draft"]
+shm = os.statvfs("/dev/shm")
+# Two workers hand their batches over /dev/shm.
+data = TensorDataset(torch.tensor(draft, dtype=torch.float32).reshape(-1, 1).repeat(1, 4096))
+total = sum(float(b[0].sum()) for b in DataLoader(data, batch_size=16, num_workers=2))
+read_only = not os.access(source, os.W_OK)
+result = {"shm_bytes": shm.f_blocks * shm.f_frsize, "total": total, "read_only": read_only}
+json.dump(result, open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "result.json"), "w"))
+print("finished", json.dumps(result))
+"""
+
+
+def test_a_job_reads_an_earlier_jobs_outputs_and_loads_data_with_workers_over_dev_shm(
+    pods_release: Release,
+) -> None:
+    release = pods_release
+
+    async def chain(gateway: str) -> tuple[str, str, dict[str, Any]]:
+        observation = await scripted_sft_agent.reset_episode(
+            gateway, release.orchestrator_token, "t0_artifact", "pods"
+        )
+        token = observation["metadata"]["agent_token"]
+        async with scripted_sft_agent.agent_client(gateway, token) as session:
+            first = await scripted_sft_agent.call_tool(
+                session, "jobs_submit", script=DRAFT, timeout_seconds=300
+            )
+            first_name = first["job"]["name"]
+            await asyncio.to_thread(_finished, release, first_name)
+            second = await scripted_sft_agent.call_tool(
+                session, "jobs_submit", script=FINISH, timeout_seconds=600, inputs_from=[first_name]
+            )
+            second_name = second["job"]["name"]
+            await asyncio.to_thread(_finished, release, second_name)
+            logs = await scripted_sft_agent.call_tool(session, "jobs_logs", job=second_name)
+        return first_name, second_name, logs
+
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        first, second, logs = asyncio.run(chain(gateway))
+    status = release.json("get", "agentjob", second)["status"]
+    assert status["phase"] == "Succeeded", (status, logs)
+    assert status["lineage"] == [first]
+    result = json.loads(logs["lines"][-1].removeprefix("finished "))
+    assert result["shm_bytes"] == 768 << 20  # the flavor's shmSize, not the runtime's 64 MiB
+    assert result["total"] == sum(range(64)) * 4096 and result["read_only"]
+    assert "posttrain-job.log" in {a["path"] for a in status["artifacts"]}
 
 
 # Last: the longest (a CPU fine-tune of the tiny model).

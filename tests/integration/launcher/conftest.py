@@ -25,6 +25,9 @@ JOBS = Path(__file__).parent / "jobs"
 # What every backend tells the container about its flavor (here cpu-basic), as HF Jobs does.
 FLAVOR_ENV = {"MEMORY": "16Gi", "CPU_CORES": "2"}
 
+# A network namespace of its own holding lo alone, up: what a backend gives a loopback job.
+LOOPBACK_ONLY = ("unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh")
+
 requires_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="the sandbox tests launch as root, as a real job does (drop to uid 10000)"
 )
@@ -93,8 +96,9 @@ def launch_job(
     role: str = "agent",
     flavor: Mapping[str, str] = FLAVOR_ENV,
     wrap: Sequence[str] = (),
+    network: str = "unix",
 ) -> Launched:
-    """`wrap`: a command the launcher runs under (e.g. `unshare -n`)."""
+    """`wrap`: a command the launcher runs under (e.g. `unshare -n`, or LOOPBACK_ONLY)."""
     spec = JobSpec(
         role=role,
         script=script,
@@ -102,6 +106,7 @@ def launch_job(
         inputs={"model": "/inputs/model"},
         output_dir="/outputs",
         limits=limits or Limits(),
+        network=network,
     )
     base = {k: v for k, v in os.environ.items() if k not in FLAVOR_ENV}
     env = launcher_env(spec, root=str(root), base={**base, **flavor, **(extra_env or {})})

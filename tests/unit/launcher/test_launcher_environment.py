@@ -83,10 +83,19 @@ def test_job_environment() -> None:
         "HF_HUB_OFFLINE": "1",
         "POSTTRAIN_ROLE": "agent",
         "POSTTRAIN_OUTPUT_DIR": "/r/outputs",
+        "POSTTRAIN_NETWORK": "unix",
         "POSTTRAIN_INPUT_MODEL": "/r/inputs/model",
         # The agent's packages first, then what the image puts on the path (graders).
         "PYTHONPATH": "/s/packages:/opt/posttrain",
     }
+
+
+def test_a_loopback_job_is_told_so_and_its_collectives_use_lo() -> None:
+    spec = JobSpec(role="agent", script="x", output_dir="/o", network="loopback")
+    inherited = {"GLOO_SOCKET_IFNAME": "eth0"}
+    env = job_environment(inherited, spec, inputs={}, output_dir="/o", private="/s", package_dir=None)
+    told = (env["POSTTRAIN_NETWORK"], env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"])
+    assert told == ("loopback", "lo", "lo")
 
 
 def test_no_pythonpath_without_packages_or_inherited_path() -> None:
