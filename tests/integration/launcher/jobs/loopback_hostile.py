@@ -8,7 +8,7 @@ import os
 import socket
 import struct
 
-TARGETS = json.loads("@@TARGETS@@")  # [[name, host, port], ...]: the machine outside the job
+TARGETS = json.loads("""@@TARGETS@@""")  # [[name, host, port], ...]: the machine outside the job
 OUT = os.environ["POSTTRAIN_OUTPUT_DIR"]
 found = {}
 
