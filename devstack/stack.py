@@ -265,6 +265,8 @@ def _start_operator(
         POSTTRAIN_HF_TOKEN=hf_token,
         POSTTRAIN_HF_NAMESPACE=HF_NAMESPACE,
         POSTTRAIN_HF_BUCKET=BUCKET,
+        # The emulator's jail gives each job a network namespace holding lo alone.
+        POSTTRAIN_HF_JOBS_LOOPBACK="true",
         POSTTRAIN_POLL_INTERVAL_SECONDS="2",
         POSTTRAIN_EPISODE_TICK_SECONDS="1",
         POSTTRAIN_BROKER_HOST="127.0.0.1",

@@ -127,6 +127,9 @@ class JobView(BaseModel):
     timeout_seconds: int | None = None
     checkpoint_from: str | None = None
     inputs_from: list[str] = Field(default_factory=list)
+    network: str | None = Field(
+        default=None, description="unix (AF_UNIX sockets only) or loopback (TCP/UDP on lo too)."
+    )
     lineage: list[str] = Field(
         default_factory=list, description="Every job whose outputs this one built on, nearest first."
     )

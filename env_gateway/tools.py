@@ -77,6 +77,7 @@ def job_view(job: dict[str, Any]) -> JobView:
         checkpoint_from=spec.get("checkpointFrom"),
         inputs_from=list(spec.get("inputsFrom") or []),
         lineage=list(status.lineage),
+        network=status.network,
         reserved_usd=micro_to_usd(status.reserved_micro_usd),
         spent_usd=micro_to_usd(status.settled_micro_usd),
         exit_code=status.exit_code,
@@ -161,6 +162,7 @@ async def task_info(ctx: ToolContext, _: NoArgs) -> dict[str, Any]:
         "max_concurrent_jobs": limits.max_concurrent_jobs,
         "max_job_timeout_seconds": limits.max_job_timeout_seconds,
         "max_wait_seconds": ctx.settings.max_wait_seconds,
+        "network": ep.status.network.model_dump() if ep.status.network else None,
         "submission": ep.spec.submission.checkpoint_from if ep.spec.submission else None,
     }
     return view

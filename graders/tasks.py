@@ -77,6 +77,7 @@ class TaskPublicView(BaseModel):
     agent_job_limits: JobLimits
     grader_job_limits: JobLimits
     grader_flavor: str | None
+    requires_loopback: bool
 
 
 class Task(BaseModel):
@@ -99,6 +100,9 @@ class Task(BaseModel):
     grader_job_limits: JobLimits = SMALL_GRADER_JOB
     # The flavor dev and score grader jobs run on; None: the episode's first (cheapest) flavor.
     grader_flavor: str | None = Field(default=None, min_length=1, max_length=64)
+    # Its jobs need TCP/UDP on loopback (torchrun, vLLM): a backend that cannot give it refuses the
+    # episode at its start (NetworkUnavailable) rather than run jobs that cannot work.
+    requires_loopback: bool = False
     # Module imported by `python -m graders.run` in the grader job (so it must be installed in the job's
     # image); it exposes `GRADER_VERSION` and `grade(task, inputs) -> GraderResult`.
     grader: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
@@ -145,6 +149,7 @@ class Task(BaseModel):
             agent_job_limits=self.agent_job_limits,
             grader_job_limits=self.grader_job_limits,
             grader_flavor=self.grader_flavor,
+            requires_loopback=self.requires_loopback,
         )
 
     def grader_split(self, purpose: Literal["devEval", "score"]) -> RepoRef:

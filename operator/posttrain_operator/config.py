@@ -63,6 +63,10 @@ class OperatorSettings(BaseSettings):
     hf_image: str = "ghcr.io/posttrain-operator/launcher:0.1.0"
     hf_bucket: str | None = None  # "<namespace>/<bucket>"; defaults to "<hf_namespace>/posttrain-outputs"
     hf_http_timeout_seconds: float = Field(default=30.0, gt=0)
+    # Set only where the HF Jobs runtime gives each job a network namespace holding lo alone (the
+    # devstack's emulator does; HF's own runtime gives jobs the network): agent jobs may then use TCP
+    # and UDP on loopback, and their launcher checks the namespace before any job code runs.
+    hf_jobs_loopback: bool = False
 
     @property
     def submission_window_seconds(self) -> float:

@@ -18,7 +18,7 @@ from graders.tasks import (
     Task,
 )
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import AgentJobSpec
+from posttrain_operator.api.models import AgentJobSpec, NetworkMode
 from posttrain_operator.backends.base import JobRequest, OutputMount, RepoMount
 
 INPUTS_ROOT = "/inputs"
@@ -26,26 +26,27 @@ INPUTS_FROM_ROOT = f"{INPUTS_ROOT}/from"
 OUTPUT_DIR = "/outputs"
 
 
-# The launcher's own exit codes (posttrain_launcher.launcher).
-EXIT_LAUNCHER_REFUSED = 2
-EXIT_OUTPUT_CAP = 3
-EXIT_FILE_CAP = 4
+# The launcher's own verdicts: its exit code, and the line it ends the job's log with. A script may
+# exit with the same code, so only the two together name the cause (a job that prints the line as
+# well only mislabels its own failure; nothing is charged or scored on it).
+LAUNCHER_VERDICTS = {
+    2: (cond.LAUNCHER_REFUSED, "posttrain-launcher: error: "),
+    3: (cond.OUTPUT_CAP_EXCEEDED, "posttrain-launcher: error: the job's outputs passed max_output_bytes"),
+    4: (cond.FILE_CAP_EXCEEDED, "posttrain-launcher: error: "),
+}
+FILE_CAP_WORDS = "reached max_file_bytes"
 
 
-def launcher_failure(exit_code: int | None) -> tuple[str, str] | None:
-    """A failed job's reason and message when its exit code is the launcher's own verdict."""
-    if exit_code == EXIT_LAUNCHER_REFUSED:
-        return cond.LAUNCHER_REFUSED, "the launcher refused the job before any of its code ran (see its log)"
-    if exit_code == EXIT_OUTPUT_CAP:
-        return cond.OUTPUT_CAP_EXCEEDED, (
-            "the job's outputs passed its task's max_output_bytes (task_info: agent_job_limits); "
-            "it was stopped and nothing of its outputs was published"
-        )
-    if exit_code == EXIT_FILE_CAP:
-        return cond.FILE_CAP_EXCEEDED, (
-            "a file the job wrote reached its task's max_file_bytes (task_info: agent_job_limits) and "
-            "a write past it was refused; the job failed (its log names the file)"
-        )
+def launcher_failure(exit_code: int | None, last_lines: list[str]) -> tuple[str, str] | None:
+    """A failed job's reason and message when the launcher ended it (its verdict line, which holds
+    the numbers, is the message); None when the exit code is the script's own."""
+    verdict = LAUNCHER_VERDICTS.get(exit_code) if exit_code is not None else None
+    if verdict is None:
+        return None
+    reason, prefix = verdict
+    for line in reversed(last_lines):
+        if line.startswith(prefix) and (exit_code != 4 or FILE_CAP_WORDS in line):
+            return reason, line.removeprefix("posttrain-launcher: error: ")
     return None
 
 
@@ -103,7 +104,9 @@ def build_request(
     namespace: str,
     job_name: str,
     uid: str,
+    network: NetworkMode = "unix",
 ) -> JobRequest:
+    """The backend-neutral request; `network` is the agent job's mode (grader jobs: unix always)."""
     inputs: dict[str, str] = {}
     repos: list[RepoMount] = []
     inputs_from: list[OutputMount] = []
@@ -124,6 +127,7 @@ def build_request(
         repos += [_mount(name, task.agent_datasets[name]) for name in names]
         launcher |= {
             "role": "agent",
+            "network": network,
             "script": spec.script,
             "packages": list(spec.packages),
             "limits": limits.launcher_limits(),

@@ -146,6 +146,8 @@ class OperatorProcess:
             POSTTRAIN_HF_NAMESPACE=HF_NAMESPACE,
             POSTTRAIN_HF_BUCKET=BUCKET,
             POSTTRAIN_HF_HTTP_TIMEOUT_SECONDS="3",
+            # The emulator's jail gives each job a network namespace holding lo alone.
+            POSTTRAIN_HF_JOBS_LOOPBACK="true",
             POSTTRAIN_POLL_INTERVAL_SECONDS="0.5",
             POSTTRAIN_EPISODE_TICK_SECONDS="0.5",
             POSTTRAIN_ORPHAN_RETRY_INITIAL_SECONDS="1",

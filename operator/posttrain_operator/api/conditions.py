@@ -35,6 +35,7 @@ DEADLINE_EXCEEDED = "DeadlineExceeded"
 EPISODE_ENDED = "EpisodeEnded"
 CANCEL_UNCONFIRMED = "CancelUnconfirmed"
 UNKNOWN_TASK = "UnknownTask"
+NETWORK_UNAVAILABLE = "NetworkUnavailable"
 PROBES_CLOSED = "ProbesClosed"
 EGRESS_OPEN = "EgressOpen"
 

@@ -41,6 +41,8 @@ def within_script_bytes(script: str) -> str:
 Script = Annotated[str, AfterValidator(within_script_bytes)]
 JobName = Annotated[str, Field(max_length=253, pattern=NAME_PATTERN)]
 Backend = Literal["hf-jobs", "pods"]
+# What an agent job may do on the network: AF_UNIX only, or TCP/UDP on its own loopback as well.
+NetworkMode = Literal["unix", "loopback"]
 EpisodePhase = Literal["Pending", "Running", "Scoring", "Completed", "Failed"]
 Outcome = Literal["Scored", "LimitReached", "GraderFailed", "Cancelled"]
 Purpose = Literal["train", "devEval", "score"]
@@ -204,6 +206,15 @@ class EgressCounts(ApiModel):
     open: int = Field(default=0, ge=0, description="open counts jobs stopped: their egress was open.")
 
 
+class JobNetwork(ApiModel):
+    mode: NetworkMode = Field(
+        description="mode is unix (AF_UNIX sockets only) or loopback (TCP/UDP on lo too)."
+    )
+    reason: str = Field(
+        default="", max_length=1024, description="reason says why the backend gives this mode."
+    )
+
+
 class EpisodeStatus(ApiModel):
     phase: EpisodePhase | None = Field(
         default=None,
@@ -241,6 +252,9 @@ class EpisodeStatus(ApiModel):
     )
     egress: EgressCounts | None = Field(
         default=None, description="egress counts the egress checks of this episode's job pods (pods backend)."
+    )
+    network: JobNetwork | None = Field(
+        default=None, description="network is what the episode's agent jobs may do on the network, and why."
     )
     agent_token_hash: str | None = Field(
         default=None, pattern=SHA256_PATTERN, description="agentTokenHash is the sha256 of the agent's token."
@@ -356,6 +370,9 @@ class AgentJobStatus(ApiModel):
         description="artifacts lists the job's outputs (bounded).",
     )
     result: GradeResult | None = Field(default=None, description="result is a grader job's score.")
+    network: NetworkMode | None = Field(
+        default=None, description="network is the job's network mode (see the Episode's status.network)."
+    )
     lineage: list[JobName] = Field(
         default_factory=list,
         max_length=MAX_LINEAGE,

@@ -307,6 +307,7 @@ async def _admit(
             "reserved_micro_usd": reserved,
             "reserved_usd": micro_to_usd(reserved),
             "lineage": lineage,
+            "network": ctx.job_network(ep_spec.backend).mode if spec.purpose == "train" else "unix",
         }
     )
     status = with_condition(ctx, job, status, cond.ADMITTED, True, "Reserved", message)

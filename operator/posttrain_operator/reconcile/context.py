@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from posttrain_operator.api.conditions import set_condition
-from posttrain_operator.api.models import Condition
+from posttrain_operator.api.models import Condition, JobNetwork
 from posttrain_operator.api.rules import format_time, now_utc
 from posttrain_operator.backends.base import CREDENTIALS_MISSING, CREDENTIALS_REJECTED, Backend, Health
 from posttrain_operator.config import OperatorSettings
@@ -81,6 +81,25 @@ class Context:
             return self.backends[name]
         except KeyError:
             raise BackendNotEnabled(name, sorted(self.backends)) from None
+
+    def job_network(self, backend: str) -> JobNetwork:
+        """What agent jobs on `backend` may do on the network, and why."""
+        if backend == "hf-jobs" and self.settings.hf_jobs_loopback:
+            return JobNetwork(
+                mode="loopback",
+                reason="each job runs in a network namespace holding lo alone (hfJobs.loopbackOnly); "
+                "its launcher checks that before any job code runs",
+            )
+        if backend == "hf-jobs":
+            return JobNetwork(
+                mode="unix",
+                reason="HF Jobs gives a job the network, so the launcher refuses every socket but AF_UNIX",
+            )
+        return JobNetwork(
+            mode="unix",
+            reason="a job pod shares its pod's network (fenced by NetworkPolicy), so the launcher refuses "
+            "every socket but AF_UNIX",
+        )
 
     def note_failure(self, name: str, reason: str, message: str) -> None:
         """A refused credential seen on any call is what readiness reports from then on."""

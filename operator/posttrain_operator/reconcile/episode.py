@@ -95,6 +95,11 @@ async def reconcile_episode(
             except BackendNotEnabled as exc:
                 await fail_episode(ctx, body, status, exc.reason, str(exc))
             return
+        network = ctx.job_network(spec.backend)
+        if status.phase in (None, "Pending") and task.requires_loopback and network.mode != "loopback":
+            message = f"task {task.name}'s jobs need loopback networking; {spec.backend}: {network.reason}"
+            await fail_episode(ctx, body, status, cond.NETWORK_UNAVAILABLE, message)
+            return
         if status.phase in (None, "Pending"):
             await _start(ctx, body, spec, status, task)
         elif status.phase == "Running":
@@ -226,6 +231,7 @@ async def _start(
         started_at=format_time(now),
         deadline=format_time(now + timedelta(seconds=wall)),
         ledger=ledger,
+        network=ctx.job_network(spec.backend),
         agent_token_hash=token_hash_,
         agent_token_secret=secret_name,
         conditions=conditions,

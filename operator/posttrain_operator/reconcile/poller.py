@@ -16,7 +16,7 @@ from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobStatus, status_of
 from posttrain_operator.api.rules import format_time, parse_time
 from posttrain_operator.backends.base import BackendError, Handle, RemoteStatus
-from posttrain_operator.jobspec import launcher_failure
+from posttrain_operator.jobspec import LAUNCHER_VERDICTS, launcher_failure
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.finishing import finish_agentjob
@@ -24,6 +24,8 @@ from posttrain_operator.reconcile.jobs import handle_of
 
 log = logging.getLogger(__name__)
 
+# The launcher ends a job it stopped with one line: enough of the log to find it after the backend's own.
+VERDICT_LOG_LINES = 10
 _TERMINAL = {"succeeded": "Succeeded", "failed": "Failed", "cancelled": "Cancelled", "lost": "Failed"}
 
 
@@ -70,6 +72,19 @@ class ActiveJobs:
         return grouped
 
 
+async def _launcher_verdict(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> tuple[str, str] | None:
+    """The launcher's named cause of a failure, read from the end of the job's log (one backend call,
+    and only for the exit codes the launcher uses itself)."""
+    if remote.exit_code not in LAUNCHER_VERDICTS:
+        return None
+    try:
+        last = await ctx.backend(job.backend).logs(job.handle, VERDICT_LOG_LINES)
+    except BackendError as exc:
+        log.info("%s/%s: no launcher verdict, its log is unreadable: %s", job.namespace, job.name, exc)
+        return None
+    return launcher_failure(remote.exit_code, last)
+
+
 async def _apply(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> None:
     async with ctx.locks("agentjob", job.namespace, job.name):
         if remote.stage in _TERMINAL:
@@ -83,7 +98,7 @@ async def _apply(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> None:
                 remote.message
                 or f"backend job {job.handle.backend_job_id} {remote.raw_stage or remote.stage}"
             )
-            named = launcher_failure(remote.exit_code) if remote.stage == "failed" else None
+            named = await _launcher_verdict(ctx, job, remote) if remote.stage == "failed" else None
             if named is not None:
                 reason, message = named[0], f"{named[1]} [{message}]"
             await finish_agentjob(

@@ -97,19 +97,38 @@ def test_the_crd_refuses_inputs_from_on_grader_jobs_and_a_job_naming_itself() ->
     assert "self.metadata.name in self.spec.inputsFrom" in whole["rule"]
 
 
+OUTPUT_CAP = (
+    "posttrain-launcher: error: the job's outputs passed max_output_bytes (2147483648); it was stopped, "
+    "its outputs removed"
+)
+FILE_CAP = "posttrain-launcher: error: shard.bin reached max_file_bytes (1024): a write past it was refused"
+
+
 @pytest.mark.parametrize(
-    ("code", "reason", "words"),
+    ("code", "lines", "reason", "words"),
     [
-        (2, "LauncherRefused", "before any of its code ran"),
-        (3, "OutputCapExceeded", "nothing of its outputs was published"),
-        (4, "FileSizeCapExceeded", "max_file_bytes"),
+        (2, ["posttrain-launcher: error: invalid job spec: x"], "LauncherRefused", "invalid job spec"),
+        (3, ["step 9", OUTPUT_CAP, "[emulator] done"], "OutputCapExceeded", "max_output_bytes (2147483648)"),
+        (4, ["OSError: [Errno 27] File too large", FILE_CAP], "FileSizeCapExceeded", "shard.bin reached"),
     ],
 )
-def test_the_launchers_own_exit_codes_name_their_cause(code: int, reason: str, words: str) -> None:
-    named = launcher_failure(code)
+def test_the_launchers_verdict_names_the_cause_with_its_numbers(
+    code: int, lines: list[str], reason: str, words: str
+) -> None:
+    named = launcher_failure(code, lines)
     assert named is not None and named[0] == reason and words in named[1]
 
 
-@pytest.mark.parametrize("code", [None, 0, 1, 137, 159])
-def test_other_exit_codes_are_the_jobs_own(code: int | None) -> None:
-    assert launcher_failure(code) is None
+@pytest.mark.parametrize(
+    ("code", "lines"),
+    [
+        (3, ["Traceback ...", "SystemExit: 3"]),  # the script's own exit(3)
+        (4, ["posttrain-launcher: error: something else"]),
+        (3, [FILE_CAP]),  # the verdict of another code
+        (1, [OUTPUT_CAP]),
+        (None, [OUTPUT_CAP]),
+    ],
+    ids=["script-exit-3", "other-line", "wrong-verdict", "script-code", "no-code"],
+)
+def test_an_exit_code_without_its_verdict_is_the_scripts_own(code: int | None, lines: list[str]) -> None:
+    assert launcher_failure(code, lines) is None

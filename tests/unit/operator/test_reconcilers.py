@@ -562,3 +562,42 @@ async def test_an_orphan_deleted_unsettled_is_cancelled_by_its_recorded_id_then_
     world.api.reset_calls()
     await collect_orphans(world.ctx, NS, "ep")  # nothing is left to collect
     assert world.api.writes() == 0 and world.backend.stats.calls["cancel"] == 3
+
+
+@pytest.mark.parametrize("loopback", [False, True])
+async def test_a_task_needing_loopback_starts_only_where_the_backend_gives_it(
+    world: World, monkeypatch: pytest.MonkeyPatch, loopback: bool
+) -> None:
+    from posttrain_operator.reconcile import episode
+
+    from graders.tasks import get_task
+
+    needing = get_task("t0_artifact").model_copy(update={"requires_loopback": True})
+    monkeypatch.setattr(episode, "get_task", lambda _name: needing)
+    world.ctx.settings.hf_jobs_loopback = loopback
+    world.episode()
+    await reconcile_episode(world.ctx, NS, "ep")
+    status = world.status("episodes", "ep")
+    if not loopback:
+        assert (status["phase"], status["conditions"][-1]["reason"]) == ("Failed", "NetworkUnavailable")
+        assert (
+            "t0_artifact's jobs need loopback networking; hf-jobs: HF Jobs gives a job the network"
+            in (status["message"])
+        )
+        return
+    assert status["phase"] == "Running" and status["network"]["mode"] == "loopback"
+
+
+@pytest.mark.parametrize("loopback", [False, True])
+async def test_an_agent_jobs_network_mode_is_recorded_and_sent_to_its_launcher(
+    world: World, loopback: bool
+) -> None:
+    world.ctx.settings.hf_jobs_loopback = loopback
+    await started(world)
+    world.job()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    mode = "loopback" if loopback else "unix"
+    assert world.status("agentjobs", "j1")["network"] == mode
+    assert world.status("episodes", "ep")["network"]["mode"] == mode
+    (submitted,) = world.backend.jobs.values()
+    assert submitted.request.launcher_spec["network"] == mode
