@@ -36,7 +36,9 @@ ETC_FILES = {
         "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
     ),
     "/etc/group": f"root:x:0:\njob:x:{JOB_UID}:\nnogroup:x:65534:\n",
-    "/etc/hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
+    # As container runtimes write it: the job's own hostname names its loopback (torch.distributed
+    # and gloo look it up).
+    "/etc/hosts": "127.0.0.1\tlocalhost job\n::1\tlocalhost job\n",
     "/etc/hostname": "job\n",
     "/etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
     "/etc/resolv.conf": "",

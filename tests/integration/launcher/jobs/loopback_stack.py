@@ -6,6 +6,7 @@ import ctypes
 import http.server
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -46,13 +47,22 @@ def getifaddrs() -> list[str]:
 worker = os.path.join(os.environ["TMPDIR"], "allreduce.py")
 with open(worker, "w") as fh:
     fh.write(WORKER)
-run = subprocess.run(
-    [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", worker],
-    capture_output=True,
-    text=True,
-    timeout=600,
-)
-print(run.stdout, run.stderr[-3000:], file=sys.stderr)
+logs = os.path.join(os.environ["TMPDIR"], "torchrun.log")
+with open(logs, "w") as sink:
+    # A session of its own: on a timeout, the workers go too.
+    torchrun = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", worker],
+        stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        returncode = torchrun.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(torchrun.pid, signal.SIGKILL)
+        returncode = torchrun.wait()
+with open(logs) as fh:
+    output = fh.read()
+print(output[-4000:], file=sys.stderr)
 
 
 class Hello(http.server.BaseHTTPRequestHandler):
@@ -72,8 +82,8 @@ body = opener.open(f"http://127.0.0.1:{server.server_address[1]}/", timeout=30).
 server.shutdown()
 
 result = {
-    "torchrun": run.returncode,
-    "sum": [line for line in run.stdout.splitlines() if line.startswith("all-reduce sum")],
+    "torchrun": returncode,
+    "sum": [line for line in output.splitlines() if line.startswith("all-reduce sum")],
     "http": body,
     "getifaddrs": getifaddrs(),
     "env": {k: os.environ.get(k) for k in ("POSTTRAIN_NETWORK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")},
