@@ -5,11 +5,10 @@ with its reason, and nothing is created."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from tests.conftest import Kubectl
 from tests.integration.conftest import REPO, get
-from tests.integration.gateway.conftest import GatewayServer, Orchestrator, orchestrator, snapshot
+from tests.integration.gateway.agent_steps import finished, result
+from tests.integration.gateway.conftest import GatewayServer, orchestrator, snapshot
 
 # The first job leaves a draft of the answer; the second reads it, finds its input read-only, and
 # publishes the answer (the draft's keys, as the solution computes them).
@@ -28,20 +27,6 @@ print("finished", len(draft), "keys from", os.path.basename(source))
 """
 
 
-def result(step: dict[str, Any]) -> dict[str, Any]:
-    assert step["observation"]["error"] is None, step["observation"]
-    data: dict[str, Any] = step["observation"]["result"]["data"]
-    return data
-
-
-async def _finished(orch: Orchestrator, name: str) -> dict[str, Any]:
-    waited: dict[str, Any] = {"finished": False}
-    while not waited["finished"]:
-        waited = result(await orch.call("jobs_wait", job=name, timeout_seconds=20))
-    job: dict[str, Any] = waited["job"]
-    return job
-
-
 async def test_a_train_job_builds_on_an_earlier_ones_outputs_and_is_graded_and_submitted(
     executing_gateway: GatewayServer, kubectl: Kubectl
 ) -> None:
@@ -49,17 +34,17 @@ async def test_a_train_job_builds_on_an_earlier_ones_outputs_and_is_graded_and_s
     async with orchestrator(executing_gateway) as orch:
         episode = (await orch.reset(task="t0_artifact", budget_usd="0.05"))["observation"]["episode"]
         first = result(await orch.call("jobs_submit", script=DRAFT, timeout_seconds=120))["job"]["name"]
-        assert (await _finished(orch, first))["phase"] == "Succeeded"
+        assert (await finished(orch, first))["phase"] == "Succeeded"
         second = result(
             await orch.call("jobs_submit", script=FINISH, timeout_seconds=120, inputs_from=[first])
         )["job"]
         assert second["inputs_from"] == [first] and second["lineage"] == [first]
-        done = await _finished(orch, second["name"])
+        done = await finished(orch, second["name"])
         logs = result(await orch.call("jobs_logs", job=second["name"]))["lines"]
         assert done["phase"] == "Succeeded", (done, logs)
         assert logs[-1].startswith("finished ") and logs[-1].endswith(f" keys from {first}"), logs
         dev = result(await orch.call("dev_evaluate", job=second["name"], timeout_seconds=120))["job"]
-        graded = await _finished(orch, dev["name"])
+        graded = await finished(orch, dev["name"])
         assert graded["result"]["score"] == "1" and graded["flavor"] == "cpu-basic"
         result(await orch.call("submit", job=second["name"]))
         ended = result(await orch.call("jobs_wait", timeout_seconds=25))
@@ -84,7 +69,7 @@ async def test_inputs_a_job_may_not_read_are_refused_at_jobs_submit_and_nothing_
         await orch.reset(task="t0_artifact", budget_usd="0.05")
         failed = result(await orch.call("jobs_submit", script="raise SystemExit(1)", timeout_seconds=120))
         failed_name = failed["job"]["name"]
-        assert (await _finished(orch, failed_name))["phase"] == "Failed"
+        assert (await finished(orch, failed_name))["phase"] == "Failed"
         running = result(
             await orch.call("jobs_submit", script="import time\ntime.sleep(540)", timeout_seconds=600)
         )["job"]["name"]

@@ -7,15 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tests.integration.gateway.agent_steps import finished, result
 from tests.integration.gateway.conftest import GatewayServer, Orchestrator, orchestrator
 from tests.integration.launcher.conftest import job_script
 from tests.integration.launcher.test_launcher_loopback import Canary, _host_addresses
-
-
-def result(step: dict[str, Any]) -> dict[str, Any]:
-    assert step["observation"]["error"] is None, step["observation"]
-    data: dict[str, Any] = step["observation"]["result"]["data"]
-    return data
 
 
 async def _read(orch: Orchestrator, job: str, path: str) -> Any:
@@ -24,11 +19,9 @@ async def _read(orch: Orchestrator, job: str, path: str) -> Any:
 
 async def _run(orch: Orchestrator, script: str) -> tuple[dict[str, Any], list[str]]:
     name = result(await orch.call("jobs_submit", script=script, timeout_seconds=300))["job"]["name"]
-    waited: dict[str, Any] = {"finished": False}
-    while not waited["finished"]:
-        waited = result(await orch.call("jobs_wait", job=name, timeout_seconds=60))
+    job = await finished(orch, name, wait_seconds=60)
     logs = result(await orch.call("jobs_logs", job=name, tail=200))["lines"]
-    return waited["job"], logs
+    return job, logs
 
 
 async def test_a_job_on_the_emulator_gets_loopback_and_no_way_out(executing_gateway: GatewayServer) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.gateway.conftest import GatewayServer, Orchestrator, orchestrator
+from tests.integration.gateway.agent_steps import finished, result
+from tests.integration.gateway.conftest import GatewayServer, orchestrator
 
 # 50 MiB of numbered lines, then a last one; a metrics file, a file past the read cap, a binary file.
 WRITER = """
@@ -32,24 +33,10 @@ os.symlink("..", os.path.join(out, "up"))
 """
 
 
-def result(step: dict[str, Any]) -> dict[str, Any]:
-    assert step["observation"]["error"] is None, step["observation"]
-    data: dict[str, Any] = step["observation"]["result"]["data"]
-    return data
-
-
 def error_code(step: dict[str, Any]) -> str:
     assert step["observation"]["error"] is not None, step["observation"]
     code: str = step["metadata"]["error_code"]
     return code
-
-
-async def _finished(orch: Orchestrator, name: str) -> dict[str, Any]:
-    waited: dict[str, Any] = {"finished": False}
-    while not waited["finished"]:
-        waited = result(await orch.call("jobs_wait", job=name, timeout_seconds=20))
-    job: dict[str, Any] = waited["job"]
-    return job
 
 
 async def test_an_agent_reads_the_end_of_a_long_log_and_its_jobs_own_text_files(
@@ -58,10 +45,10 @@ async def test_an_agent_reads_the_end_of_a_long_log_and_its_jobs_own_text_files(
     async with orchestrator(executing_gateway) as orch:
         await orch.reset(task="t0_artifact", budget_usd="0.05")
         other = result(await orch.call("jobs_submit", script="print(1)", timeout_seconds=120))["job"]["name"]
-        await _finished(orch, other)  # the task runs two jobs at once
+        await finished(orch, other)  # the task runs two jobs at once
         name = result(await orch.call("jobs_submit", script=WRITER, timeout_seconds=600))["job"]["name"]
         linker = result(await orch.call("jobs_submit", script=LINKER, timeout_seconds=120))["job"]["name"]
-        job = await _finished(orch, name)
+        job = await finished(orch, name)
         assert job["phase"] == "Succeeded", (job["message"], result(await orch.call("jobs_logs", job=name)))
 
         logs = result(await orch.call("jobs_logs", job=name))
@@ -92,7 +79,7 @@ async def test_an_agent_reads_the_end_of_a_long_log_and_its_jobs_own_text_files(
             step = await orch.call("jobs_read_artifact", job=name, path=path)
             assert error_code(step) == expected, (path, step)
         # Outputs holding a link out are never published: the job fails, and nothing can be read.
-        linked = await _finished(orch, linker)
+        linked = await finished(orch, linker)
         assert linked["phase"] == "Failed" and "symbolic link" in (linked["message"] or ""), linked
         for path in ("passwd", "up/metrics.json", "metrics.json"):
             step = await orch.call("jobs_read_artifact", job=linker, path=path)
