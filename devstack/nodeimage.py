@@ -199,11 +199,11 @@ def build_node_image() -> str:
         "--security-opt", "seccomp=unconfined", stage, "infinity",
     )  # fmt: skip
     try:
-        _docker("exec", container, "bash", "-c", "nohup containerd >/tmp/containerd.log 2>&1 &")
+        _docker("exec", container, "bash", "-c", "nohup containerd >/var/log/containerd.log 2>&1 &")
         _docker(
             "exec", container, "bash", "-c",
             "for i in $(seq 60); do ctr version >/dev/null 2>&1 && exit 0; sleep 1; done; "
-            "cat /tmp/containerd.log; exit 1",
+            "cat /var/log/containerd.log; exit 1",
         )  # fmt: skip
         log("importing component images into the node's containerd")
         _docker(
@@ -219,6 +219,7 @@ def build_node_image() -> str:
             "pkill -x containerd; for i in $(seq 150); do ps -C containerd -o stat= | grep -qv '^Z' "
             "|| exit 0; sleep 0.2; done; echo containerd did not stop; exit 1",
         )  # fmt: skip
+        _docker("exec", container, "rm", "-f", "/var/log/containerd.log")  # not part of the image
         _docker(
             "commit", "--change", 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]',
             "--change", "CMD []", container, tag,
