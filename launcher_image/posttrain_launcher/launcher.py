@@ -121,17 +121,16 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
         env = environment.job_environment(
             environ, spec, inputs=inputs, output_dir=output_dir, private=private, package_dir=package_dir
         )
+        log_fd = None
+        if spec.limits.max_log_file_bytes:
+            try:
+                log_fd = joblog.open_log_file(output_dir)
+            except OSError as exc:
+                raise Refusal(f"cannot create the log file in {output_dir}: {exc}") from None
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     cwd = scratch if spec.role == "grader" else env["HOME"]
-    log_fd = None
-    if spec.limits.max_log_file_bytes:
-        try:
-            log_fd = joblog.open_log_file(output_dir)
-        except OSError as exc:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise Refusal(f"cannot create the log file in {output_dir}: {exc}") from None
     return PreparedJob(spec, scratch, private, script, cwd, output_dir, inputs, env, bounds, net, log_fd)
 
 
@@ -212,16 +211,15 @@ def _exit_code(status: int) -> int:
 
 
 def file_at(roots: list[str], size: int) -> str | None:
-    """A regular file of exactly `size` bytes under `roots` (links not followed), if any: one a write
+    """A regular file of exactly `size` bytes under `roots` (os.walk follows no link), if any: one a write
     past RLIMIT_FSIZE stopped at. (Python ignores SIGXFSZ, so such a job sees EFBIG, not a kill.)"""
     for root in roots:
-        for parent, dirs, files in os.walk(root):
+        for parent, _, files in os.walk(root):
             for name in files:
                 with contextlib.suppress(OSError):
                     st = os.lstat(os.path.join(parent, name))
                     if stat.S_ISREG(st.st_mode) and st.st_size == size:
                         return os.path.relpath(os.path.join(parent, name), root)
-            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(parent, d))]
     return None
 
 

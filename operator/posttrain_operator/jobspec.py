@@ -29,12 +29,12 @@ OUTPUT_DIR = "/outputs"
 # The launcher's own verdicts: its exit code, and the line it ends the job's log with. A script may
 # exit with the same code, so only the two together name the cause (a job that prints the line as
 # well only mislabels its own failure; nothing is charged or scored on it).
-LAUNCHER_VERDICTS = {
-    2: (cond.LAUNCHER_REFUSED, "posttrain-launcher: error: "),
-    3: (cond.OUTPUT_CAP_EXCEEDED, "posttrain-launcher: error: the job's outputs passed max_output_bytes"),
-    4: (cond.FILE_CAP_EXCEEDED, "posttrain-launcher: error: "),
+VERDICT_PREFIX = "posttrain-launcher: error: "
+LAUNCHER_VERDICTS = {  # exit code -> (reason, words its verdict line holds)
+    2: (cond.LAUNCHER_REFUSED, ""),
+    3: (cond.OUTPUT_CAP_EXCEEDED, "passed max_output_bytes"),
+    4: (cond.FILE_CAP_EXCEEDED, "reached max_file_bytes"),
 }
-FILE_CAP_WORDS = "reached max_file_bytes"
 
 
 def launcher_failure(exit_code: int | None, last_lines: list[str]) -> tuple[str, str] | None:
@@ -43,10 +43,10 @@ def launcher_failure(exit_code: int | None, last_lines: list[str]) -> tuple[str,
     verdict = LAUNCHER_VERDICTS.get(exit_code) if exit_code is not None else None
     if verdict is None:
         return None
-    reason, prefix = verdict
+    reason, words = verdict
     for line in reversed(last_lines):
-        if line.startswith(prefix) and (exit_code != 4 or FILE_CAP_WORDS in line):
-            return reason, line.removeprefix("posttrain-launcher: error: ")
+        if line.startswith(VERDICT_PREFIX) and words in line:
+            return reason, line.removeprefix(VERDICT_PREFIX)
     return None
 
 

@@ -95,11 +95,13 @@ async def reconcile_episode(
             except BackendNotEnabled as exc:
                 await fail_episode(ctx, body, status, exc.reason, str(exc))
             return
-        network = ctx.job_network(spec.backend)
-        if status.phase in (None, "Pending") and task.requires_loopback and network.mode != "loopback":
-            message = f"task {task.name}'s jobs need loopback networking; {spec.backend}: {network.reason}"
-            await fail_episode(ctx, body, status, cond.NETWORK_UNAVAILABLE, message)
-            return
+        if status.phase in (None, "Pending") and task.requires_loopback:
+            network = ctx.job_network(spec.backend)
+            if network.mode != "loopback":
+                why = f"{spec.backend}: {network.reason}"
+                message = f"task {task.name}'s jobs need loopback networking; {why}"
+                await fail_episode(ctx, body, status, cond.NETWORK_UNAVAILABLE, message)
+                return
         if status.phase in (None, "Pending"):
             await _start(ctx, body, spec, status, task)
         elif status.phase == "Running":
