@@ -306,6 +306,25 @@ def _up(state: ClusterState) -> None:
     _wait(state, "kube-controller-manager", lambda: _controllers_ready(state))
 
 
+def stop_apiserver(state: ClusterState) -> None:
+    """Stop the kube-apiserver alone (SIGTERM, as a rolling restart stops it); etcd and the controllers
+    keep running. `start_apiserver` brings it back with the same address, certificates and data."""
+    stop_pids([state.pids["kube-apiserver"]])
+    if is_alive(state.pids["kube-apiserver"]):
+        raise ClusterError(f"kube-apiserver (pid {state.pids['kube-apiserver']}) did not stop")
+
+
+def start_apiserver(state: ClusterState) -> None:
+    """Start the kube-apiserver of a cluster whose apiserver was stopped; returns once it is ready."""
+    run_dir = Path(state.run_dir)
+    etcd_url = f"http://127.0.0.1:{state.etcd_client_port}"
+    # No free-port check: the old server's closed connections may hold the port in TIME_WAIT, which
+    # its listener (SO_REUSEADDR, as Go's are) binds through and a plain bind here would not.
+    apiserver = components.apiserver_args(run_dir, etcd_url, state.apiserver_port, state.audit_log)
+    _start(state, "kube-apiserver", apiserver)
+    _wait(state, "kube-apiserver", lambda: _apiserver_ready(state))
+
+
 def _processes_naming(path: Path) -> list[int]:
     """Pids of processes whose command line mentions `path`: the safety net for lost state."""
     needle = str(path).encode()

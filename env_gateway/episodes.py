@@ -24,11 +24,12 @@ from env_gateway.auth import Authenticator
 from env_gateway.broker import BrokerClient
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeRef, EpisodeView
-from env_gateway.kube import Kube, Refused
+from env_gateway.kube import Kube, Refused, Unavailable
 from env_gateway.metrics import GatewayMetrics
 from env_gateway.schemas import Outcome, ToolFailure
-from env_gateway.steps import StepCounter, StepLimitReached
+from env_gateway.steps import CallRefused, StepCounter, StepLimitReached
 from env_gateway.tools import CREATED_BY, CREATED_BY_LABEL, TOOLS, ToolContext
+from env_gateway.wire import UNAVAILABLE_CODE
 from graders.tasks import Task, UnknownTaskError, get_task
 
 # Tools whose result cannot change the Episode: the observation reuses the body the step wrote.
@@ -75,7 +76,12 @@ class Episodes:
         self.auth = auth
         self.clock = clock
         self.metrics = metrics or GatewayMetrics(frozenset(TOOLS))
-        self.steps = StepCounter(kube.read_episode, kube.set_steps, lambda b: EpisodeView.parse(b).max_steps)
+        self.steps = StepCounter(
+            kube.read_episode,
+            kube.set_steps,
+            lambda b: EpisodeView.parse(b).max_steps,
+            lambda b: self._refusal(EpisodeView.parse(b)),
+        )
 
     async def load(self, ref: EpisodeRef, *, fresh: bool = False) -> EpisodeView:
         read = self.kube.read_episode if fresh else self.kube.get_episode
@@ -90,7 +96,11 @@ class Episodes:
         """Every tool call on every path, on the caller's episode (as just read): arguments, phase,
         step limit, wall time, a durable step count, then the tool. Every failure becomes an Outcome."""
         started = time.monotonic()
-        outcome = await self._call_tool(episode, name, arguments)
+        try:
+            outcome = await self._call_tool(episode, name, arguments)
+        except Unavailable:  # the transports answer it as retryable; no step was counted for it
+            self.metrics.called(name, UNAVAILABLE_CODE, time.monotonic() - started)
+            raise
         code = outcome.error.code if outcome.error is not None else None
         self.metrics.called(name, code, time.monotonic() - started)
         return outcome
@@ -108,34 +118,55 @@ class Episodes:
                 raise ToolFailure(
                     "invalid_arguments", _validation_message(exc), error_type="invalid_args"
                 ) from exc
-            self._check_limits(episode)
+            refusal = self._refusal(episode)
+            if refusal is not None:
+                raise refusal
             try:
                 written = await self.steps.take(episode.namespace, episode.name, episode.body)
             except StepLimitReached as exc:
                 raise ToolFailure("step_limit_reached", str(exc)) from exc
+            except CallRefused as exc:  # it ended after the (mirrored) copy the limits were checked on
+                episode = EpisodeView.parse(exc.body)
+                raise exc.reason from None
             episode = EpisodeView.parse(written)
-            if episode.done:  # it ended after the (mirrored) copy the limits were checked on
-                self._check_limits(episode)
-            result = await spec.run(ToolContext(self.kube, self.broker, self.settings, episode), args)
+            try:
+                result = await spec.run(ToolContext(self.kube, self.broker, self.settings, episode), args)
+            except Unavailable:
+                self.steps.give_back(episode.namespace, episode.name, written)
+                raise
             if name not in READ_ONLY:  # what the tool changed, from the API server if it wrote
-                episode = await self.load(episode.ref, fresh=not spec.read_only)
+                episode = await self._after(episode, fresh=not spec.read_only)
             payload = result if isinstance(result, dict) else result.model_dump(mode="json")
             return self._outcome(episode, name, result=payload)
         except ToolFailure as failure:
+            if failure.code == "episode_done" and not episode.done:  # it ended while the tool ran
+                episode = await self._after(episode, fresh=False)
             return self._outcome(episode, name, error=failure)
 
-    def _check_limits(self, episode: EpisodeView) -> None:
+    async def _after(self, episode: EpisodeView, *, fresh: bool) -> EpisodeView:
+        """The Episode after a tool ran: from the API server (`fresh`) or the copy, else as the caller
+        had it (the API server went away, or the Episode did; the call ran and is answered)."""
+        for from_server in (True, False) if fresh else (False,):
+            try:
+                return await self.load(episode.ref, fresh=from_server)
+            except Unavailable:
+                continue
+            except ToolFailure:
+                break
+        return episode
+
+    def _refusal(self, episode: EpisodeView) -> ToolFailure | None:
+        """Why the episode, as read, takes no more calls; None while it does."""
         if episode.done:
-            raise ToolFailure(
-                "episode_done",
-                f"the episode ended ({episode.status.outcome or episode.status.phase}); no more tool calls",
-            )
+            why = episode.status.message or episode.status.outcome or episode.status.phase
+            return ToolFailure("episode_done", f"the episode ended ({why}); no more tool calls")
         if episode.steps_left <= 0:
-            raise ToolFailure(
+            return ToolFailure(
                 "step_limit_reached", f"step limit reached ({episode.status.steps} of {episode.max_steps})"
             )
         if episode.seconds_left(self.clock()) == 0:
-            raise ToolFailure("time_limit_reached", "the episode's wall-time limit has passed")
+            return ToolFailure("time_limit_reached", "the episode's wall-time limit has passed")
+        return None
 
     def _outcome(
         self,

@@ -13,6 +13,7 @@ from env_gateway.auth import AuthFailure, bearer
 from env_gateway.codec import DecodeError, InvalidRequest, RequestId, decode_json, encode_json, request_id
 from env_gateway.episode_view import EpisodeView
 from env_gateway.gateway import Gateway
+from env_gateway.kube import Unavailable
 from env_gateway.rpc import Caller, dispatch_rpc
 from env_gateway.schemas import ToolFailure
 from env_gateway.sessions import Sessions
@@ -20,7 +21,9 @@ from env_gateway.wire import (
     JSONRPC_INVALID_REQUEST,
     JSONRPC_PARSE_ERROR,
     JSONRPC_SERVER_ERROR,
+    retry_after_seconds,
     rpc_error,
+    rpc_unavailable,
 )
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -90,6 +93,9 @@ class HybridMcp:
         except AuthFailure as exc:
             await JsonReply(exc.body(), exc.status)(scope, receive, send)
             return
+        except Unavailable as exc:
+            await unavailable_reply(None, exc)(scope, receive, send)
+            return
         except ToolFailure as exc:  # an agent token of an Episode whose task this gateway lacks
             await JsonReply(rpc_error(None, JSONRPC_SERVER_ERROR, exc.message, exc.as_dict()))(
                 scope, receive, send
@@ -143,6 +149,9 @@ class HybridMcp:
         except AuthFailure as exc:
             await JsonReply(exc.body(), exc.status)(scope, receive, send)
             return
+        except Unavailable as exc:
+            await unavailable_reply(_id_or_null(raw), exc)(scope, receive, send)
+            return
         except ToolFailure as exc:
             answer = rpc_error(_id_or_null(raw), JSONRPC_SERVER_ERROR, exc.message, exc.as_dict())
         if answer is None:
@@ -192,6 +201,9 @@ class HybridMcp:
         except AuthFailure as exc:
             await JsonReply(exc.body(), exc.status)(scope, receive, send)
             return
+        except Unavailable as exc:
+            await unavailable_reply(None, exc)(scope, receive, send)
+            return
         await self._hand_to_sdk(scope, receive, send, body)
 
     async def _hand_to_sdk(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
@@ -206,6 +218,13 @@ class HybridMcp:
             return await receive()
 
         await self.sdk.handle_request(scope, replay, send)
+
+
+def unavailable_reply(rid: RequestId, exc: Unavailable) -> JsonReply:
+    """503 with Retry-After, and the JSON-RPC error every client of /mcp can read (MCP SDK clients
+    surface a JSON-RPC error in a non-2xx body as it is)."""
+    headers = {"Retry-After": str(retry_after_seconds(exc))}
+    return JsonReply(rpc_unavailable(rid, exc), 503, headers=headers)
 
 
 def _id_or_null(raw: Any) -> RequestId:

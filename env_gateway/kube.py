@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from posttrain_operator.api.models import GROUP, VERSION
@@ -47,7 +48,23 @@ class Refused(Exception):
         return cls(exc.status, f"{exc.body!s:.500}")
 
 
+class Unavailable(Exception):
+    """The API server could not be asked, or answered about itself rather than the request: it is
+    restarting or away (no connection, 5xx), overloaded past our patience (429), or cannot yet
+    authenticate or authorize the gateway's own identity (401/403 while a starting server loads its
+    RBAC). Nothing the caller did: the same call may succeed after `retry_after_seconds`. A write that
+    failed this way after it was sent may still have taken effect."""
+
+    def __init__(self, detail: str, retry_after_seconds: float) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.retry_after_seconds = retry_after_seconds
+
+
 log = logging.getLogger(__name__)
+# Statuses the API server gives about its own state, never about a well-formed request of the gateway.
+UNAVAILABLE_STATUSES = frozenset({401, 403, 429, 500, 502, 503, 504})
+UNAVAILABLE_RETRY_AFTER_SECONDS = 2.0
 # A 429 means the API server refused the request before acting on it (API Priority and Fairness,
 # or a resource's storage still initializing just after its CRD was established), so any request,
 # a write too, can be sent again once the server's Retry-After has passed.
@@ -69,12 +86,13 @@ async def make_api_client(kubeconfig: str | None) -> client.ApiClient:
         cfg.refresh_api_key_hook = RereadTokenFile(token_file)
     api_client = client.ApiClient(configuration=cfg)
     read_environment_once(api_client.rest_client, cfg.host)
-    _retry_too_many_requests(api_client.rest_client)
+    _retry_then_type_failures(api_client.rest_client)
     return api_client
 
 
-def _retry_too_many_requests(rest_client: Any) -> None:
-    """Every request of this client (each verb goes through `request`) waits out 429s."""
+def _retry_then_type_failures(rest_client: Any) -> None:
+    """Every request of this client (each verb goes through `request`) waits out 429s, and a server
+    that is away or answers about itself comes out as `Unavailable`, never as the client's errors."""
     send = rest_client.request
 
     async def request(*args: Any, **kwargs: Any) -> Any:
@@ -82,12 +100,28 @@ def _retry_too_many_requests(rest_client: Any) -> None:
             try:
                 return await send(*args, **kwargs)
             except ApiException as exc:
-                if exc.status != 429 or attempt == TOO_MANY_REQUESTS_ATTEMPTS:
-                    raise
-                await asyncio.sleep(_retry_after(exc))
+                if exc.status == 429 and attempt < TOO_MANY_REQUESTS_ATTEMPTS:
+                    await asyncio.sleep(_retry_after(exc))
+                    continue
+                if exc.status in UNAVAILABLE_STATUSES:
+                    raise unavailable(exc) from exc
+                raise
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise unavailable(exc) from exc
         raise AssertionError("unreachable")
 
     rest_client.request = request
+
+
+def unavailable(exc: Exception) -> Unavailable:
+    if isinstance(exc, ApiException):
+        if exc.status in (401, 403):
+            # The gateway's own identity refused: a starting server, or RBAC the chart did not grant.
+            log.error("the API server refused the gateway's identity (%s %s)", exc.status, exc.reason)
+        retry_after = _retry_after(exc) if exc.status in (429, 503) else UNAVAILABLE_RETRY_AFTER_SECONDS
+        return Unavailable(f"the Kubernetes API answered {exc.status} {exc.reason}", retry_after)
+    detail = f"the Kubernetes API is unreachable ({type(exc).__name__})"
+    return Unavailable(detail, UNAVAILABLE_RETRY_AFTER_SECONDS)
 
 
 def _retry_after(exc: ApiException) -> float:
@@ -262,6 +296,10 @@ class Kube:
     async def get_agentjob(self, namespace: str, name: str) -> Obj | None:
         return await self._get(namespace, "agentjobs", name)
 
+    async def read_agentjob(self, namespace: str, name: str) -> Obj | None:
+        """The AgentJob as the API server has it now (after a lost precondition)."""
+        return await self._get(namespace, "agentjobs", name, fresh=True)
+
     async def list_episodes(self, namespace: str, *, fresh: bool = False) -> list[Obj]:
         store = self._store(namespace, "episodes")
         if store is not None and not fresh:
@@ -359,12 +397,14 @@ class Kube:
         self._deleted(namespace, "episodes", answer)
 
     async def set_steps(self, namespace: str, name: str, current: Obj, steps: int) -> Obj:
-        """Write status.steps only if nobody changed it since `current` was read (else Conflict)."""
+        """Write status.steps only if neither it nor the phase changed since `current` was read (else
+        Conflict): no step is counted on an Episode that ended after the caller's copy was read."""
         status = current.get("status") or {}
-        if "steps" in status:
-            # A JSON-patch test on the field itself: unrelated status writes (the ledger) don't conflict.
+        if "steps" in status and "phase" in status:
+            # JSON-patch tests on those fields: unrelated status writes (the ledger) don't conflict.
             body: Any = [
                 {"op": "test", "path": "/status/steps", "value": status["steps"]},
+                {"op": "test", "path": "/status/phase", "value": status["phase"]},
                 {"op": "replace", "path": "/status/steps", "value": steps},
             ]
             content_type = JSON_PATCH
@@ -383,14 +423,20 @@ class Kube:
             raise
         return patched
 
-    async def delete_agentjob(self, namespace: str, name: str) -> bool:
+    async def delete_agentjob(self, namespace: str, name: str, resource_version: str) -> bool:
+        """Delete the job only as it was at `resource_version` (else Conflict: it changed since it was
+        read); False when it is gone already."""
+        preconditions = client.V1Preconditions(resource_version=resource_version)
+        options = client.V1DeleteOptions(propagation_policy="Background", preconditions=preconditions)
         try:
             answer = await self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, "agentjobs", name, propagation_policy="Background"
+                GROUP, VERSION, namespace, "agentjobs", name, body=options
             )
         except ApiException as exc:
             if exc.status == 404:
                 return False
+            if exc.status == 409:
+                raise Conflict(f"agentjob {namespace}/{name} changed since it was read") from exc
             raise
         self._deleted(namespace, "agentjobs", answer)
         return True

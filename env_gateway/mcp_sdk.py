@@ -20,13 +20,15 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
 
 from env_gateway.auth import AuthFailure, bearer
 from env_gateway.codec import sanitized
 from env_gateway.config import GatewaySettings
 from env_gateway.gateway import Gateway
+from env_gateway.kube import Unavailable
 from env_gateway.schemas import ToolFailure
-from env_gateway.wire import mcp_call_result, tool_list
+from env_gateway.wire import JSONRPC_UNAVAILABLE, mcp_call_result, tool_list, unavailable_data
 
 # The descriptors never change: built once, served to every tools/list.
 TOOLS_RESULT = types.ListToolsResult(tools=[types.Tool.model_validate(t) for t in tool_list()])
@@ -57,11 +59,14 @@ def build_server(gateway: Gateway) -> Server[Any]:
     ) -> types.CallToolResult:
         try:
             episode = await gateway.auth.agent_episode(_agent_token(ctx))
+            outcome = await gateway.episodes.call_tool(episode, params.name, params.arguments)
         except AuthFailure as exc:
             return _refused(exc.body())
         except ToolFailure as exc:  # an Episode of a task this gateway does not know
             return _refused({"error": exc.as_dict()})
-        outcome = await gateway.episodes.call_tool(episode, params.name, params.arguments)
+        except Unavailable as exc:  # a JSON-RPC error, not a tool result: nothing ran
+            data = unavailable_data(exc)
+            raise MCPError(JSONRPC_UNAVAILABLE, data["message"], data) from exc
         # The SDK serialises replies itself and fails a reply it cannot encode (a tool result can carry
         # text the gateway did not write, such as job logs): hand it only what encodes.
         return types.CallToolResult.model_validate(sanitized(mcp_call_result(outcome)))

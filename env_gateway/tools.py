@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from env_gateway.broker import BrokerClient, BrokerError, BrokerRefused
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
-from env_gateway.kube import Kube, Refused
+from env_gateway.kube import Conflict, Kube, Refused
 from env_gateway.schemas import (
     Args,
     ArtifactResult,
@@ -89,10 +89,11 @@ def job_view(job: dict[str, Any]) -> JobView:
     )
 
 
-async def _own_job(ctx: ToolContext, name: str) -> dict[str, Any]:
+async def _own_job(ctx: ToolContext, name: str, *, fresh: bool = False) -> dict[str, Any]:
     """The job, if it belongs to the caller's episode; the same error whether it is foreign or absent,
-    so one episode learns nothing about another's jobs."""
-    job = await ctx.kube.get_agentjob(ctx.episode.namespace, name)
+    so one episode learns nothing about another's jobs. `fresh`: as the API server has it now."""
+    read = ctx.kube.read_agentjob if fresh else ctx.kube.get_agentjob
+    job = await read(ctx.episode.namespace, name)
     spec = (job or {}).get("spec", {})
     if job is None or spec.get("episode") != ctx.episode.name or spec.get("purpose") == "score":
         raise ToolFailure("job_not_found", f"no job {name!r} in this episode", error_type="invalid_args")
@@ -314,18 +315,29 @@ async def jobs_read_artifact(ctx: ToolContext, args: ReadArtifactArgs) -> Artifa
     return ArtifactResult(job=args.job, path=found.path, size=found.size, text=found.text)
 
 
+CANCEL_ATTEMPTS = 8
+
+
 async def jobs_cancel(ctx: ToolContext, args: JobArgs) -> CancelResult:
     job = await _own_job(ctx, args.job)
-    if _phase(job) in TERMINAL_JOB_PHASES:
-        return CancelResult(job=args.job, cancelling=False, message=f"already {_phase(job)}")
-    # Deleting is the cancel: the operator's finalizer stops the backend job and settles its cost
-    # before the object goes; jobs_status keeps reporting it (then from the ledger).
-    await ctx.kube.delete_agentjob(ctx.episode.namespace, args.job)
-    return CancelResult(
-        job=args.job,
-        cancelling=True,
-        message="cancellation requested; billing stops at the backend's confirmation",
-    )
+    for _ in range(CANCEL_ATTEMPTS):
+        if _phase(job) in TERMINAL_JOB_PHASES:
+            return CancelResult(job=args.job, cancelling=False, message=f"already {_phase(job)}")
+        # Deleting is the cancel: the operator's finalizer stops the backend job and settles its cost
+        # before the object goes; jobs_status keeps reporting it (then from the ledger). Only the job
+        # as read is deleted: one that finished meanwhile keeps its outputs (it can still be submitted).
+        try:
+            version = job["metadata"]["resourceVersion"]
+            await ctx.kube.delete_agentjob(ctx.episode.namespace, args.job, version)
+        except Conflict:
+            job = await _own_job(ctx, args.job, fresh=True)
+            continue
+        return CancelResult(
+            job=args.job,
+            cancelling=True,
+            message="cancellation requested; billing stops at the backend's confirmation",
+        )
+    raise ToolFailure("job_busy", f"{args.job!r} kept changing while it was being cancelled; try again")
 
 
 async def submit(ctx: ToolContext, args: JobArgs) -> SubmitResult:
@@ -343,17 +355,34 @@ async def submit(ctx: ToolContext, args: JobArgs) -> SubmitResult:
             error_type="invalid_args",
         )
     try:
+        # The API server takes a submission only while the Episode is Running (a CRD rule, checked on
+        # the object as stored): a submission either lands before the episode's end, and the operator
+        # then scores it, or is refused here.
         await ctx.kube.merge_patch_episode(
             ep.namespace, ep.name, {"spec": {"submission": {"checkpointFrom": args.job}}}
         )
-    except Refused as exc:  # CEL: settable exactly once
-        raise ToolFailure("already_submitted", "the episode's submission is already set") from exc
+    except Refused as exc:
+        raise await _submission_refused(ctx) from exc
     return SubmitResult(
         submitted=args.job,
         message=(
             "hidden-split scoring started; the reward arrives with done=true "
             "(jobs_wait without a job waits for it)"
         ),
+    )
+
+
+async def _submission_refused(ctx: ToolContext) -> ToolFailure:
+    """Why the API server refused a submission, from the Episode as it is now."""
+    body = await ctx.kube.read_episode(ctx.episode.namespace, ctx.episode.name)
+    spec, status = (body or {}).get("spec") or {}, (body or {}).get("status") or {}
+    if spec.get("submission"):
+        return ToolFailure("already_submitted", "the episode's submission is already set")
+    ended = status.get("message") or status.get("phase") or "gone"
+    return ToolFailure(
+        "episode_done",
+        f"the episode ended before the submission landed: {ended}",
+        details={"outcome": status.get("outcome"), "phase": status.get("phase")},
     )
 
 

@@ -8,10 +8,12 @@ metadata.error_code.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from env_gateway.kube import Unavailable
 from env_gateway.schemas import Outcome
 from env_gateway.tools import TOOLS
 
@@ -21,6 +23,10 @@ JSONRPC_METHOD_NOT_FOUND = -32601
 JSONRPC_INVALID_PARAMS = -32602
 JSONRPC_INTERNAL = -32603
 JSONRPC_SERVER_ERROR = -32000
+# The platform could not serve the call now (its Kubernetes API is away, restarting or still loading
+# its access rules); nothing ran and no step was counted. Retry after data.retry_after_seconds.
+JSONRPC_UNAVAILABLE = -32050
+UNAVAILABLE_CODE = "platform_unavailable"
 
 
 def tool_list(snake: bool = False) -> list[dict[str, Any]]:
@@ -112,6 +118,26 @@ def outcome_as_rpc_error(request_id: Any, outcome: Outcome) -> dict[str, Any]:
     return rpc_error(
         request_id, code, f"Error calling tool '{outcome.tool_name}': {outcome.error.message}", data
     )
+
+
+def retry_after_seconds(exc: Unavailable) -> int:
+    """The whole seconds a client should wait (HTTP's Retry-After takes no fraction)."""
+    return max(1, math.ceil(exc.retry_after_seconds))
+
+
+def unavailable_data(exc: Unavailable) -> dict[str, Any]:
+    """What every surface says about a call the platform could not serve now."""
+    return {
+        "code": UNAVAILABLE_CODE,
+        "message": f"the platform is unavailable, nothing ran: {exc.detail}",
+        "retryable": True,
+        "retry_after_seconds": retry_after_seconds(exc),
+    }
+
+
+def rpc_unavailable(request_id: Any, exc: Unavailable) -> dict[str, Any]:
+    data = unavailable_data(exc)
+    return rpc_error(request_id, JSONRPC_UNAVAILABLE, data["message"], data)
 
 
 class RpcRequest(BaseModel):

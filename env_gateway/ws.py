@@ -22,10 +22,11 @@ from env_gateway.codec import (
 )
 from env_gateway.gateway import Gateway
 from env_gateway.http_mcp import MAX_BODY_BYTES, JsonReply, host_allowed
+from env_gateway.kube import Unavailable
 from env_gateway.rpc import Caller, dispatch_rpc
 from env_gateway.schemas import ToolFailure
 from env_gateway.sessions import Session, Sessions
-from env_gateway.wire import list_tools_payload, step_payload
+from env_gateway.wire import list_tools_payload, rpc_unavailable, step_payload, unavailable_data
 
 log = logging.getLogger(__name__)
 MAX_FRAME_CHARS = MAX_BODY_BYTES
@@ -154,15 +155,24 @@ class OrchestratorSocket:
             if msg.type == "state":
                 return {"type": "state", "data": await self._state(session)}
             if msg.type == "mcp":
-                caller = Caller(over_ws=True, ws_episode=session.episode)
-                answer = await dispatch_rpc(self.gateway, self.sessions, msg.data, caller)
-                return {"type": "mcp", "data": answer or {}}
+                return {"type": "mcp", "data": await self._mcp(session, msg.data)}
             return await self._step(session, msg.data)
         except (ToolFailure, AuthFailure) as exc:
             return _ws_error("EXECUTION_ERROR", exc.message, error_code=exc.code)
+        except Unavailable as exc:  # nothing ran: the same frame may be sent again
+            data = unavailable_data(exc)
+            return _ws_error("SERVICE_UNAVAILABLE", data.pop("message"), error_code=data.pop("code"), **data)
         except Exception as exc:  # the connection stays open, as upstream; details go to the log
             log.exception("ws %s failed", msg.type)
             return _ws_error("EXECUTION_ERROR", f"{type(exc).__name__}: internal error")
+
+    async def _mcp(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
+        caller = Caller(over_ws=True, ws_episode=session.episode)
+        try:
+            answer = await dispatch_rpc(self.gateway, self.sessions, data, caller)
+        except Unavailable as exc:  # a JSON-RPC request gets its JSON-RPC error
+            return rpc_unavailable(data.get("id"), exc)
+        return answer or {}
 
     async def _reset(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
         result = await self.gateway.episodes.reset(data)

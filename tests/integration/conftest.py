@@ -36,6 +36,10 @@ BROKER_NAMESPACE = "posttrain-system"
 
 @pytest.fixture(scope="session")
 def crds(kubectl: Kubectl) -> None:
+    install_crds(kubectl)
+
+
+def install_crds(kubectl: Kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     for crd in ("episodes.posttrain.dev", "agentjobs.posttrain.dev"):
         # Right after the apply the CRD may have no conditions yet, which `kubectl wait` calls an error.

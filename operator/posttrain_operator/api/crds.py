@@ -83,6 +83,18 @@ EPISODE_SPEC_RULES = [
         "message": "spec.submission is set once and is then immutable",
     },
 ]
+# Rules over the whole Episode (they see its status as stored: a spec write cannot change it). The
+# API server checks them on the object it is about to store, so a submission and the episode's end are
+# decided in one order: a submission lands only while the Episode is Running, and an end the operator
+# decided without one is written only on the Episode it read (a compare-and-swap).
+EPISODE_RULES = [
+    {
+        "rule": "!has(self.spec.submission) || has(oldSelf.spec.submission) || "
+        "(has(self.status) && has(self.status.phase) && self.status.phase == 'Running')",
+        "message": "spec.submission can be set only while the Episode is Running",
+        "fieldPath": ".spec.submission",
+    },
+]
 AGENTJOB_SPEC_RULES = [
     {"rule": "self == oldSelf", "message": "AgentJob spec is immutable"},
     # maxLength counts characters; the limit is in bytes (UTF-8), as the gateway and the launcher count.
@@ -202,6 +214,7 @@ def render() -> dict[str, dict[str, Any]]:
             age,
         ],
         "Episode is one attempt by one agent at one task, under a dollar budget.",
+        object_rules=EPISODE_RULES,
     )
     agentjob = _crd(
         "AgentJob",

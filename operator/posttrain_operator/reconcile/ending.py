@@ -80,20 +80,34 @@ async def fail_episode(
     ctx.emit(body, "Warning", reason, message)
 
 
+def still_ends(end: End, decided_in: str | None, fresh: dict[str, Any], current: EpisodeStatus) -> bool:
+    """Whether `end`, decided on an Episode in phase `decided_in`, still applies to the Episode as the
+    compare-and-swap read it: nobody moved its phase on since, and an end for a limit finds no
+    submission (one that landed first is scored; the API server takes none once the phase moved)."""
+    if current.phase != decided_in:
+        return False
+    return end.outcome != "LimitReached" or not (fresh.get("spec") or {}).get("submission")
+
+
 async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
-    status = status_of(EpisodeStatus, body.get("status"))
-    conditions, _ = ctx.set_condition(body, status.conditions, cond.READY, False, end.outcome, end.message)
-    conditions, _ = ctx.set_condition(body, conditions, cond.ENDED, True, end.outcome, end.message)
-    await set_status(
-        ctx,
-        body,
-        phase=end.phase,
-        outcome=end.outcome,
-        reward=end.reward,
-        message=end.message,
-        ended_at=format_time(ctx.clock()),
-        conditions=conditions,
-    )
+    """End the Episode as `end` says, unless what it was decided on changed before the write (the
+    next pass then decides again)."""
+    decided_in = status_of(EpisodeStatus, body.get("status")).phase
+
+    def ending(fresh: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, None]:
+        if not still_ends(end, decided_in, fresh, current):
+            return None, None
+        why = (end.outcome, end.message)
+        conditions, _ = ctx.set_condition(fresh, current.conditions, cond.READY, False, *why)
+        conditions, _ = ctx.set_condition(fresh, conditions, cond.ENDED, True, *why)
+        update = {"phase": end.phase, "outcome": end.outcome, "reward": end.reward, "message": end.message,
+                  "ended_at": format_time(ctx.clock()), "conditions": conditions}  # fmt: skip
+        return current.model_copy(update=update), None
+
+    meta = body["metadata"]
+    written = await ctx.kube.update_episode_status(meta["namespace"], meta["name"], ending, seen=body)
+    if not written.written:
+        return
     ctx.emit(body, "Normal" if end.outcome == "Scored" else "Warning", end.outcome, end.message)
     if await cancel_all(ctx, body, cond.EPISODE_ENDED, f"episode ended: {end.message}"):
         await release_backend_resources(ctx, body)

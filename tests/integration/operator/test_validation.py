@@ -94,8 +94,32 @@ def test_task_budget_and_backend_are_immutable(kubectl: Kubectl, namespace: str,
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
 
 
+def _set_phase(kubectl: Kubectl, namespace: str, phase: str) -> None:
+    status = json.dumps({"status": {"phase": phase}})
+    kubectl("-n", namespace, "patch", "episode", "ep", "--subresource=status", "--type=merge", "-p", status)
+
+
+def test_submission_is_taken_only_while_the_episode_runs(
+    kubectl: Kubectl, namespace: str, crds: None
+) -> None:
+    kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(episode_manifest("ep")))
+    submission = {"spec": {"submission": {"checkpointFrom": "job-a"}}}
+    for phase in (None, "Pending", "Completed", "Failed"):
+        if phase is not None:
+            _set_phase(kubectl, namespace, phase)
+        refused = _patch(kubectl, namespace, "episode", "ep", submission)
+        assert "spec.submission can be set only while the Episode is Running" in refused, phase
+        assert "submission" not in kubectl_json(kubectl, "-n", namespace, "get", "episode", "ep")["spec"]
+    # The end written after a submission landed (the status subresource) is taken as before.
+    _set_phase(kubectl, namespace, "Running")
+    kubectl("-n", namespace, "patch", "episode", "ep", "--type=merge", "-p", json.dumps(submission))
+    _set_phase(kubectl, namespace, "Completed")
+    assert kubectl_json(kubectl, "-n", namespace, "get", "episode", "ep")["status"]["phase"] == "Completed"
+
+
 def test_submission_is_set_once(kubectl: Kubectl, namespace: str, crds: None) -> None:
     kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(episode_manifest("ep")))
+    _set_phase(kubectl, namespace, "Running")
     first = {"spec": {"submission": {"checkpointFrom": "job-a"}}}
     kubectl("-n", namespace, "patch", "episode", "ep", "--type=merge", "-p", json.dumps(first))
     second = {"spec": {"submission": {"checkpointFrom": "job-b"}}}

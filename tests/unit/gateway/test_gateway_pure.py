@@ -18,10 +18,10 @@ from env_gateway.auth import bearer, orchestrator_credential
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
 from env_gateway.http_mcp import host_allowed
-from env_gateway.kube import Conflict
+from env_gateway.kube import Conflict, Unavailable
 from env_gateway.main import _frozen_heap
 from env_gateway.schemas import JobsWaitArgs, Outcome, SubmitJobArgs, ToolFailure
-from env_gateway.steps import StepCounter, StepLimitReached
+from env_gateway.steps import CallRefused, StepCounter, StepLimitReached
 from env_gateway.wire import mcp_call_result, step_payload
 from graders.tasks import get_task
 
@@ -113,6 +113,7 @@ class FakeStore:
         self.body["spec"]["limits"]["maxSteps"] = max_steps
         self.writes: list[int] = []
         self.conflicts = conflicts
+        self.wrote = asyncio.Event()  # set by every write that reaches the store
 
     async def read(self, namespace: str, name: str) -> dict[str, Any]:
         return self.body
@@ -125,6 +126,7 @@ class FakeStore:
             raise Conflict("moved")
         self.body = {**self.body, "status": {"steps": steps}}
         self.writes.append(steps)
+        self.wrote.set()
         return self.body
 
 
@@ -147,6 +149,91 @@ async def test_a_conflict_rereads_and_still_counts_exactly() -> None:
     stale = episode(0)
     written = await counter.take("ns", "ep", stale)
     assert written["status"]["steps"] == 3
+
+
+class FlakyStore(FakeStore):
+    """A FakeStore whose API server goes away: the next write fails after it `landed` or was `lost`,
+    and while `away` every request fails."""
+
+    def __init__(self, steps: int, max_steps: int) -> None:
+        super().__init__(steps, max_steps)
+        self.next_write: str | None = None
+        self.away = False
+
+    async def read(self, namespace: str, name: str) -> dict[str, Any]:
+        if self.away:
+            raise Unavailable("away", 1)
+        return self.body
+
+    async def write(self, namespace: str, name: str, current: dict[str, Any], steps: int) -> dict[str, Any]:
+        failure, self.next_write = self.next_write, None
+        if self.away or failure == "lost":
+            self.wrote.set()
+            raise Unavailable("connection refused", 1)
+        written = await super().write(namespace, name, current, steps)
+        if failure == "landed":
+            raise Unavailable("the answer was lost", 1)
+        return written
+
+
+def counter_of(store: FakeStore) -> StepCounter:
+    return StepCounter(store.read, store.write, lambda b: int(b["spec"]["limits"]["maxSteps"]))
+
+
+@pytest.mark.parametrize("failure", ["landed", "lost"])
+async def test_a_step_write_whose_answer_is_lost_counts_only_the_calls_that_ran(failure: str) -> None:
+    store = FlakyStore(steps=0, max_steps=100)
+    counter = counter_of(store)
+    store.next_write = failure
+    takes = (counter.take("ns", "ep", store.body) for _ in range(3))
+    refused = await asyncio.gather(*takes, return_exceptions=True)
+    assert all(isinstance(r, Unavailable) for r in refused)
+    assert store.body["status"]["steps"] == (3 if failure == "landed" else 0)
+    # While the server is still away nothing can be settled, and nothing is counted.
+    store.away = True
+    with pytest.raises(Unavailable):
+        await counter.take("ns", "ep", store.body)
+    store.away = False
+    # The next call reads the count back first: a write that landed is taken off with its own.
+    written = await counter.take("ns", "ep", store.body)
+    assert written["status"]["steps"] == store.body["status"]["steps"] == 1
+
+
+async def test_a_step_given_back_comes_off_with_the_next_write_even_at_the_limit() -> None:
+    store = FakeStore(steps=0, max_steps=2)
+    counter = counter_of(store)
+    first = await counter.take("ns", "ep", store.body)
+    await counter.take("ns", "ep", first)
+    assert store.body["status"]["steps"] == 2
+    store.wrote.clear()
+    counter.give_back("ns", "ep", store.body)  # the second call failed on the platform's side
+    await asyncio.wait_for(store.wrote.wait(), 10)  # the give-back's own write
+    assert store.writes == [1, 2, 1] and store.body["status"]["steps"] == 1
+    # And a give-back the server could not take is paid by the next call's write, beside its step.
+    flaky = FlakyStore(steps=5, max_steps=10)
+    counter = counter_of(flaky)
+    flaky.away = True
+    counter.give_back("ns", "ep", flaky.body)
+    await asyncio.wait_for(flaky.wrote.wait(), 10)  # its write is refused: it waits for the next call
+    flaky.away = False
+    written = await counter.take("ns", "ep", flaky.body)
+    assert written["status"]["steps"] == 5 and flaky.writes == [5]
+
+
+async def test_no_step_is_counted_on_an_episode_that_ended_after_the_callers_copy() -> None:
+    store = FakeStore(steps=1, max_steps=10)
+    ended = {**store.body, "status": {"steps": 1, "phase": "Completed"}}
+    counter = StepCounter(
+        store.read,
+        store.write,
+        lambda b: 10,
+        lambda b: ToolFailure("episode_done", "ended") if b["status"].get("phase") == "Completed" else None,
+    )
+    store.body = ended
+    with pytest.raises(CallRefused) as refused:
+        await counter.take("ns", "ep", ended)
+    assert refused.value.body is ended and isinstance(refused.value.reason, ToolFailure)
+    assert store.writes == [] and store.body["status"]["steps"] == 1
 
 
 def test_credentials_parse_bearer_and_basic_userinfo() -> None:

@@ -73,6 +73,17 @@ def _path(obj: Obj, dotted: str) -> Any:
     return value
 
 
+def _episode_rules(stored: Obj, spec_patch: Obj) -> None:
+    """The Episode CRD's submission rules (api/crds.py), on the object as stored: set once, and only
+    while the Episode is Running."""
+    old = stored["spec"].get("submission")
+    new = spec_patch.get("submission", old)
+    if old is not None and new != old:
+        raise ApiException(422, "spec.submission is set once and is then immutable")
+    if old is None and new is not None and (stored.get("status") or {}).get("phase") != "Running":
+        raise ApiException(422, "spec.submission can be set only while the Episode is Running")
+
+
 class FakeKubernetes:
     """The slice of CustomObjectsApi, CoreV1Api and AuthenticationV1Api the operator calls, over one
     in-memory store. Every call is counted by method; `conflicts[method] = n` makes the next n calls of
@@ -203,6 +214,8 @@ class FakeKubernetes:
         self._maybe_conflict("patch_namespaced_custom_object")
         obj = self._existing(plural, namespace, name)
         self._check_version(obj, body)
+        if plural == "episodes":
+            _episode_rules(obj, body.get("spec") or {})
         if "spec" in body:
             obj["spec"] = _merge(obj.get("spec") or {}, body["spec"])
             obj["metadata"]["generation"] += 1
