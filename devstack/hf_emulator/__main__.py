@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="cap on a job's memory whatever its flavor (default: the host's memory)",
     )
+    parser.add_argument(
+        "--max-job-cpus",
+        type=int,
+        metavar="CORES",
+        help="cap on a job's cores (its CFS quota) whatever its flavor (default: the host's cores)",
+    )
     parser.add_argument("--page-size", type=int, default=50)
     parser.add_argument("--scheduling-delay", type=float, default=0.0)
     parser.add_argument(
@@ -108,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         execute=args.simulate is None,
         simulated_runtime=args.simulate or 0.0,
         max_job_memory_bytes=args.max_job_memory,
+        max_job_cpu_cores=args.max_job_cpus,
     )
     _register_repos(parser, emulator, args.repo)
     done = threading.Event()

@@ -1,9 +1,10 @@
-"""A cgroup per job (cgroup v1: memory, pids, cpuacct), under the emulator's own cgroups.
+"""A cgroup per job (cgroup v1: memory, pids, cpu, cpuacct), under the emulator's own cgroups.
 
 Each job's cgroups sit in `<the emulator's cgroup>/hf-emulator-<random>/job-<id>` in each hierarchy,
 so whatever already accounts for the emulator (a container, a CI sandbox) still accounts for its
-jobs. The memory and pids limits come from the job's flavor; the counters say whether the job ran
-out of either, and `kill_all` is how the emulator makes sure no process of a job is left.
+jobs. The memory, pids and CPU limits come from the job's flavor (CPU as a CFS quota of its cores, so
+a busy job cannot take a concurrent grader's share); the counters say whether the job ran out of
+memory or processes, and `kill_all` is how the emulator makes sure no process of a job is left.
 
 Only the v1 hierarchy is supported: on a host with cgroup v2 alone, creating job cgroups needs the
 emulator's own cgroup to be delegated and emptied first, which this module does not do. There,
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REQUIRED = ("memory", "pids")
-OPTIONAL = ("cpuacct",)
+OPTIONAL = ("cpu", "cpuacct")
+CFS_PERIOD_US = 100_000
 _POLL_SECONDS = 0.02
 
 
@@ -68,6 +70,11 @@ def _read_int(path: Path, key: str | None = None) -> int:
     return 0
 
 
+def _distinct(dirs: dict[str, Path]) -> list[Path]:
+    """Each directory once: controllers mounted together (`cpu,cpuacct`) share one."""
+    return list(dict.fromkeys(dirs.values()))
+
+
 @dataclass
 class JobCgroup:
     dirs: dict[str, Path]  # controller -> this job's cgroup directory
@@ -75,7 +82,7 @@ class JobCgroup:
     max_processes: int
 
     def procs_files(self) -> list[str]:
-        return [str(d / "cgroup.procs") for d in self.dirs.values()]
+        return [str(d / "cgroup.procs") for d in _distinct(self.dirs)]
 
     def pids(self) -> set[int]:
         try:
@@ -94,6 +101,17 @@ class JobCgroup:
 
     def memory_usage(self) -> int:
         return _read_int(self.dirs["memory"] / "memory.usage_in_bytes")
+
+    def cpu_quota_cores(self) -> float | None:
+        """The CFS quota in cores, as the kernel holds it; None without a cpu cgroup or a quota."""
+        if "cpu" not in self.dirs:
+            return None
+        try:
+            quota = _read_int(self.dirs["cpu"] / "cpu.cfs_quota_us")
+            period = _read_int(self.dirs["cpu"] / "cpu.cfs_period_us")
+        except FileNotFoundError:  # the job has ended
+            return None
+        return None if quota < 0 else quota / period
 
     def cpu_seconds(self) -> float:
         if "cpuacct" not in self.dirs:
@@ -118,7 +136,7 @@ class JobCgroup:
             time.sleep(_POLL_SECONDS)
 
     def remove(self) -> None:
-        for directory in self.dirs.values():
+        for directory in _distinct(self.dirs):
             with contextlib.suppress(FileNotFoundError):
                 directory.rmdir()
 
@@ -158,34 +176,42 @@ class CgroupRoot:
             for controller in (*REQUIRED, *OPTIONAL):
                 if controller in mounts and controller in own:
                     parent = mounts[controller] / own[controller].lstrip("/") / name
-                    parent.mkdir()
+                    if parent not in dirs.values():
+                        parent.mkdir()
                     dirs[controller] = parent
         except OSError as exc:
-            for directory in dirs.values():
+            for directory in _distinct(dirs):
                 with contextlib.suppress(OSError):
                     directory.rmdir()
             raise CgroupError(f"cannot create cgroups: {exc}") from None
         return cls(dirs)
 
-    def job(self, job_id: str, memory_bytes: int, max_processes: int) -> JobCgroup:
+    @property
+    def bounds_cpu(self) -> bool:
+        return "cpu" in self.dirs
+
+    def job(self, job_id: str, memory_bytes: int, max_processes: int, cpu_cores: int) -> JobCgroup:
         """Raises OSError if the cgroups cannot be made or limited (the job must not start then)."""
         dirs = {controller: parent / f"job-{job_id}" for controller, parent in self.dirs.items()}
         cgroup = JobCgroup(dirs, memory_bytes, max_processes)
         try:
-            for directory in cgroup.dirs.values():
+            for directory in _distinct(cgroup.dirs):
                 directory.mkdir()
             memory = cgroup.dirs["memory"]
             (memory / "memory.limit_in_bytes").write_text(str(memory_bytes))
             if (memory / "memory.memsw.limit_in_bytes").exists():  # swap too, where it is accounted
                 (memory / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
             (cgroup.dirs["pids"] / "pids.max").write_text(str(max_processes))
+            if "cpu" in cgroup.dirs:
+                (cgroup.dirs["cpu"] / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+                (cgroup.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(cpu_cores * CFS_PERIOD_US))
         except OSError:
             cgroup.remove()
             raise
         return cgroup
 
     def remove(self) -> None:
-        for directory in self.dirs.values():
+        for directory in _distinct(self.dirs):
             for child in directory.glob("job-*"):
                 with contextlib.suppress(OSError):
                     child.rmdir()

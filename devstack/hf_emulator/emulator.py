@@ -77,11 +77,13 @@ class HfEmulator:
         isolate: bool | None = None,
         max_job_memory_bytes: int | None = None,
         max_job_processes: int | None = None,
+        max_job_cpu_cores: int | None = None,
         max_commit_bytes: int = DEFAULT_MAX_COMMIT_BYTES,
     ) -> None:
         """`isolate`: run each job in namespaces and a cgroup of its own (`jobs.py`); the default is
-        to do so when running as root. `max_job_memory_bytes` and `max_job_processes` cap what a
-        flavor gives a job, for a machine smaller than the flavors (default: the host's memory).
+        to do so when running as root. `max_job_memory_bytes`, `max_job_processes` and
+        `max_job_cpu_cores` cap what a flavor gives a job, for a machine smaller than the flavors
+        (default: the host's memory and cores).
         `max_commit_bytes` caps the body of a Hub commit (its files, base64-encoded)."""
         self.data_dir = _prepare_data_dir(Path(data_dir))
         self.token = token
@@ -96,7 +98,9 @@ class HfEmulator:
         self.hub = HubRepos(self.repos)
         self.max_commit_bytes = max_commit_bytes
         self.faults = FaultBook()
-        self.isolation = isolation_for(execute, isolate, max_job_memory_bytes, max_job_processes)
+        self.isolation = isolation_for(
+            execute, isolate, max_job_memory_bytes, max_job_processes, max_job_cpu_cores
+        )
         self.runner_config = RunnerConfig(
             data_dir=self.data_dir,
             interpreter=interpreter,
@@ -256,6 +260,12 @@ class HfEmulator:
         with self.cond:
             cgroup = self._jobs[job_id].cgroup
         return cgroup.pids() if cgroup is not None else set()
+
+    def job_cpu_quota(self, job_id: str) -> float | None:
+        """The cores the kernel lets the job's processes use together (its CFS quota), or None."""
+        with self.cond:
+            cgroup = self._jobs[job_id].cgroup
+        return cgroup.cpu_quota_cores() if cgroup is not None else None
 
     def job_ids(self) -> list[str]:
         with self.cond:

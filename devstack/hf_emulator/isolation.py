@@ -64,26 +64,34 @@ _PROBE = (
 class JobLimits:
     memory_bytes: int
     max_processes: int
+    cpu_cores: int
 
-    def flavor_env(self, cpu_cores: int) -> dict[str, str]:
+    def flavor_env(self) -> dict[str, str]:
         """What HF Jobs tells the container (`MEMORY`, `CPU_CORES`): the launcher's bounds."""
         mib = self.memory_bytes >> 20
         memory = f"{mib >> 10}Gi" if mib % 1024 == 0 else f"{mib}Mi"
-        return {"MEMORY": memory, "CPU_CORES": str(cpu_cores)}
+        return {"MEMORY": memory, "CPU_CORES": str(self.cpu_cores)}
 
 
-def job_limits(flavor: Flavor, max_memory_bytes: int, max_processes: int | None) -> JobLimits:
-    """The flavor's RAM (its "GB" are GiB, as HF Jobs' `MEMORY` says) and 256 processes per vCPU,
-    each capped for a machine smaller than the flavor."""
+def job_limits(
+    flavor: Flavor, max_memory_bytes: int, max_processes: int | None, max_cpu_cores: int | None = None
+) -> JobLimits:
+    """The flavor's RAM (its "GB" are GiB, as HF Jobs' `MEMORY` says), its vCPUs and 256 processes
+    per vCPU, each capped for a machine smaller than the flavor."""
     ram = int(flavor.ram.split()[0]) << 30
-    processes = PROCESSES_PER_CPU * flavor.cpu_cores
+    cores = min(flavor.cpu_cores, max_cpu_cores or flavor.cpu_cores)
+    processes = PROCESSES_PER_CPU * cores
     if max_processes is not None:
         processes = min(processes, max_processes)
-    return JobLimits(min(ram, max_memory_bytes), processes)
+    return JobLimits(min(ram, max_memory_bytes), processes, cores)
 
 
 def host_memory_bytes() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def host_cpu_cores() -> int:
+    return len(os.sched_getaffinity(0))
 
 
 def _under(path: str, roots: list[str]) -> bool:
@@ -134,9 +142,16 @@ def python_binds(interpreter: str) -> list[Bind]:
 class Isolation:
     """Per-emulator: the cgroup parent (if the host allows one) and the view of each interpreter."""
 
-    def __init__(self, *, max_job_memory_bytes: int | None, max_job_processes: int | None) -> None:
+    def __init__(
+        self,
+        *,
+        max_job_memory_bytes: int | None,
+        max_job_processes: int | None,
+        max_job_cpu_cores: int | None,
+    ) -> None:
         self.max_job_memory_bytes = max_job_memory_bytes or host_memory_bytes()
         self.max_job_processes = max_job_processes
+        self.max_job_cpu_cores = max_job_cpu_cores or host_cpu_cores()
         self.cgroups: CgroupRoot | None = None
         self.cgroup_problem: str | None = None
         try:
@@ -148,12 +163,12 @@ class Isolation:
         self._python: dict[str, list[Bind]] = {}
 
     def limits(self, flavor: Flavor) -> JobLimits:
-        return job_limits(flavor, self.max_job_memory_bytes, self.max_job_processes)
+        return job_limits(flavor, self.max_job_memory_bytes, self.max_job_processes, self.max_job_cpu_cores)
 
     def job_cgroup(self, job_id: str, limits: JobLimits) -> JobCgroup | None:
         if self.cgroups is None:
             return None
-        return self.cgroups.job(job_id, limits.memory_bytes, limits.max_processes)
+        return self.cgroups.job(job_id, limits.memory_bytes, limits.max_processes, limits.cpu_cores)
 
     def _python_binds(self, interpreter: str) -> list[Bind]:
         with self._lock:
@@ -207,7 +222,11 @@ class Isolation:
 
 
 def isolation_for(
-    execute: bool, isolate: bool | None, max_memory_bytes: int | None, max_processes: int | None
+    execute: bool,
+    isolate: bool | None,
+    max_memory_bytes: int | None,
+    max_processes: int | None,
+    max_cpu_cores: int | None,
 ) -> Isolation | None:
     """Jobs isolated (namespaces, a cgroup each) when asked, by default when running as root."""
     if isolate is None:
@@ -217,4 +236,8 @@ def isolation_for(
         log.warning("jobs are not isolated from each other or from the host: %s", why)
     if not isolate:
         return None
-    return Isolation(max_job_memory_bytes=max_memory_bytes, max_job_processes=max_processes)
+    return Isolation(
+        max_job_memory_bytes=max_memory_bytes,
+        max_job_processes=max_processes,
+        max_job_cpu_cores=max_cpu_cores,
+    )

@@ -204,7 +204,7 @@ class JobRunner:
         job, spec = self.job, self.job.spec
         flavor = FLAVORS[spec.flavor]
         if self.limits is not None:
-            flavor_env = self.limits.flavor_env(flavor.cpu_cores)
+            flavor_env = self.limits.flavor_env()
         else:
             flavor_env = {"CPU_CORES": str(flavor.cpu_cores), "MEMORY": flavor.ram.replace(" GB", "Gi")}
         return {

@@ -27,6 +27,7 @@ from devstack.hf_emulator.isolation import python_binds
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets.datasets import write_dataset_repo
 from graders.tasks import get_task
+from tests.helpers import wait_for
 from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB
 from tests.integration.launcher.conftest import fill
 
@@ -386,3 +387,56 @@ def test_a_job_scanning_proc_and_the_file_system_finds_only_its_own_inputs(
         str(REPO_ROOT / "examples" / "linear-map-task" / "posttrain_task_linear"),
     }
     HfApi(endpoint=emu.url, token=emu.token).cancel_job(job_id=holder, namespace=emu.namespace)
+
+
+CPU_HOG = """
+import json, os, time
+WORKERS, SECONDS = 4, 6.0
+started = time.monotonic()
+for _ in range(WORKERS):
+    if os.fork() == 0:
+        until = time.monotonic() + SECONDS
+        while time.monotonic() < until:
+            pass
+        os._exit(0)
+for _ in range(WORKERS):
+    os.wait()
+spent = os.times()
+cpu = spent.children_user + spent.children_system
+print(json.dumps({"cores_used": cpu / (time.monotonic() - started)}))
+"""
+# The work of a grader job: a fixed amount of arithmetic, and the cores it had for it.
+GRADER_WORK = """
+import json, time
+wall, cpu = time.monotonic(), time.process_time()
+total = sum(i * i for i in range(15_000_000))
+print(json.dumps({"cores_used": (time.process_time() - cpu) / (time.monotonic() - wall)}))
+"""
+
+
+def cores_used(logs: list[str]) -> float:
+    return float(json.loads(next(line for line in logs if line.startswith('{"cores_used"')))["cores_used"])
+
+
+def test_a_cpu_bound_job_is_held_to_its_flavors_cores_beside_a_grader_job(
+    make_emulator: Callable[..., HfEmulator], job_python: str
+) -> None:
+    # A small machine: each job gets one core (a CFS quota), whatever its flavor says.
+    emu = make_emulator(interpreter=job_python, max_job_cpu_cores=1)
+    assert emu.isolation is not None and emu.isolation.cgroups is not None
+    if not emu.isolation.cgroups.bounds_cpu:
+        pytest.skip("no cgroup v1 cpu controller here: jobs run without a CPU bound")
+    hog = submit(emu, CPU_HOG)
+    wait_for(lambda: len(emu.job_pids(hog)) >= 4, timeout=120, what="the hog's four busy workers")
+    assert emu.job_cpu_quota(hog) == 1.0  # as the kernel holds it
+    grader = submit(emu, GRADER_WORK)
+
+    stage, message, grader_logs = finish(emu, grader)
+    assert stage == "COMPLETED", (message, grader_logs)
+    stage, message, hog_logs = finish(emu, hog)
+    assert stage == "COMPLETED", (message, hog_logs)
+    hog_cores, grader_cores = cores_used(hog_logs), cores_used(grader_logs)
+    print(f"four busy workers held to {hog_cores:.2f} cores; the job beside them had {grader_cores:.2f}")
+    # The kernel enforces the quota whatever else loads the machine: four workers, at most one core
+    # (a loaded machine may give them less; a quiet one gives the job beside them its core).
+    assert hog_cores <= 1.1, hog_cores
