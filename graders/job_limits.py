@@ -38,8 +38,10 @@ class JobLimits(BaseModel):
         return self
 
     def launcher_limits(self) -> dict[str, int]:
-        """The launcher's `limits` (posttrain_launcher.Limits): everything but the scratch."""
-        return self.model_dump(exclude={"scratch_bytes"})
+        """The launcher's `limits` (posttrain_launcher.Limits), the scratch as max_scratch_bytes."""
+        limits = self.model_dump(exclude={"scratch_bytes"})
+        limits["max_scratch_bytes"] = self.scratch_bytes
+        return limits
 
 
 # Today's limits for the small tasks: a 2 GiB output tree for agent jobs, a result file for graders.

@@ -146,8 +146,9 @@ class JobRunner:
         self.work.mkdir(parents=True)
         for volume in spec.volumes:
             self._mount(volume)
-        if os.geteuid() == 0:
-            os.chown(self.work, JOB_UID, JOB_UID)
+        # The work dir stays the container's (root's): a job the launcher runs as JOB_UID writes on the
+        # host's disk only into its outputs, which the launcher bounds in total; its HOME and TMPDIR are
+        # in the jail's /tmp, a tmpfs bounded by its memory.
         if not self.config.execute:
             return None
         return [self.config.interpreter, *spec.command[1:], *spec.arguments]

@@ -29,6 +29,7 @@ PREFIX = joblog.PREFIX
 EXIT_REFUSED = 2  # the launcher refused the job; no job code ran
 EXIT_OUTPUT_CAP = 3  # the job was stopped: its outputs passed max_output_bytes
 EXIT_FILE_CAP = 4  # the job failed with a file at max_file_bytes: a write past it was refused
+EXIT_SCRATCH_CAP = 5  # the job was stopped: its HOME and TMPDIR passed max_scratch_bytes
 
 OUTPUT_SCAN_SECONDS = 2.0
 # After the job exits, how long its leftover descendants may keep the log pipes open.
@@ -267,13 +268,14 @@ def run(job: PreparedJob) -> int:
 
     cap = job.spec.limits.max_output_bytes
     limits = job.spec.limits
+    scratch_cap = limits.max_scratch_bytes
     log = joblog.JobLog(limits.max_log_bytes, job.log_fd, limits.max_log_file_bytes)
     dest = {out_r: sys.stdout.fileno(), err_r: sys.stderr.fileno()}
     sel = selectors.DefaultSelector()
     for fd in dest:
         sel.register(fd, selectors.EVENT_READ)
     status: int | None = None
-    over_cap = False
+    over_cap = over_scratch = False
     exited_at = 0.0
     next_scan = time.monotonic() + OUTPUT_SCAN_SECONDS
     try:
@@ -292,10 +294,11 @@ def run(job: PreparedJob) -> int:
                     status, exited_at = st, now
             elif now - exited_at > DRAIN_SECONDS:
                 break
-            if not over_cap and now >= next_scan:
+            if not (over_cap or over_scratch) and now >= next_scan:
                 next_scan = now + OUTPUT_SCAN_SECONDS
-                if tree_size(job.output_dir, cap) > cap:
-                    over_cap = True
+                over_cap = tree_size(job.output_dir, cap) > cap
+                over_scratch = scratch_cap is not None and tree_size(job.private, scratch_cap) > scratch_cap
+                if over_cap or over_scratch:
                     forward(signal.SIGKILL, None)
         if status is None:
             _, status = os.waitpid(pid, 0)
@@ -310,6 +313,13 @@ def run(job: PreparedJob) -> int:
         clear_outputs(job.output_dir)
         _say(f"error: the job's outputs passed max_output_bytes ({cap}); it was stopped, its outputs removed")
         return EXIT_OUTPUT_CAP
+    if over_scratch:
+        clear_outputs(job.output_dir)
+        _say(
+            f"error: the job's scratch (HOME and TMPDIR) passed max_scratch_bytes ({scratch_cap}); "
+            "it was stopped, its outputs removed"
+        )
+        return EXIT_SCRATCH_CAP
     at_cap = file_at([job.output_dir, job.private], limits.file_bytes) if code != 0 else None
     if at_cap is not None:
         _say(f"error: {at_cap} reached max_file_bytes ({limits.file_bytes}): a write past it was refused")

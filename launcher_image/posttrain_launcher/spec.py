@@ -56,6 +56,8 @@ class Limits(BaseModel):
     max_log_bytes: int = Field(default=1 * MiB, ge=1 * KiB, le=256 * MiB)
     max_log_file_bytes: int = Field(default=0, ge=0, le=16 * GiB)
     max_open_files: int = Field(default=1024, ge=64, le=65536)
+    # The job's HOME and TMPDIR together (its scratch); None: bounded only by where they live.
+    max_scratch_bytes: int | None = Field(default=None, ge=1 * MiB, le=1024 * GiB)
     # Lower the flavor's bounds (`bounds.py`); they can never raise them.
     max_processes: int | None = Field(default=None, ge=16, le=1 << 22)
     max_memory_bytes: int | None = Field(default=None, ge=64 * MiB, le=64 * 1024 * GiB)

@@ -34,6 +34,7 @@ LAUNCHER_VERDICTS = {  # exit code -> (reason, words its verdict line holds)
     2: (cond.LAUNCHER_REFUSED, ""),
     3: (cond.OUTPUT_CAP_EXCEEDED, "passed max_output_bytes"),
     4: (cond.FILE_CAP_EXCEEDED, "reached max_file_bytes"),
+    5: (cond.SCRATCH_CAP_EXCEEDED, "passed max_scratch_bytes"),
 }
 
 

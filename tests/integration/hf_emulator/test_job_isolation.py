@@ -74,8 +74,10 @@ def submit(
     env: dict[str, str] | None = None,
     output_bucket: str | None = None,
     timeout: int = 300,
+    limits: dict[str, int] | None = None,
 ) -> str:
-    spec = launcher.JobSpec(role=role, script=script, inputs=inputs or {}, output_dir="/outputs")
+    caps = launcher.Limits(**(limits or {}))
+    spec = launcher.JobSpec(role=role, script=script, inputs=inputs or {}, output_dir="/outputs", limits=caps)
     bucket = output_bucket or f"{emu.namespace}/out-{uuid.uuid4().hex[:8]}"
     api = HfApi(endpoint=emu.url, token=emu.token)
     job = api.run_job(
@@ -440,3 +442,49 @@ def test_a_cpu_bound_job_is_held_to_its_flavors_cores_beside_a_grader_job(
     # The kernel enforces the quota whatever else loads the machine: four workers, at most one core
     # (a loaded machine may give them less; a quiet one gives the job beside them its core).
     assert hog_cores <= 1.1, hog_cores
+
+
+MANY_SMALL_FILES = """
+import os, time
+out = os.environ["POSTTRAIN_OUTPUT_DIR"]
+open(os.path.join(out, "metrics.json"), "w").write("{}")
+for root in (os.environ["HOME"], os.environ["TMPDIR"]):
+    for i in range(48):
+        with open(os.path.join(root, f"cache-{i}.bin"), "wb") as f:
+            f.write(os.urandom(1 << 20))  # 96 files of 1 MiB, each far under the file cap
+print("written", flush=True)
+time.sleep(300)  # the launcher's scan stops it
+"""
+
+
+def test_many_small_files_past_the_scratch_bound_stop_the_job_and_publish_nothing(emu: HfEmulator) -> None:
+    job = submit(emu, MANY_SMALL_FILES, limits={"max_scratch_bytes": 64 << 20, "max_file_bytes": 16 << 20})
+    stage, message, logs = finish(emu, job)
+    assert stage == "ERROR", (message, logs)
+    assert "written" in logs  # the files were written before the stop
+    assert message == "Job failed with exit code: 5"
+    assert "passed max_scratch_bytes (67108864)" in logs[-1], logs[-5:]
+    # Nothing of it is published, the metrics it wrote first included.
+    fs = HfFileSystem(endpoint=emu.url, token=emu.token, skip_instance_cache=True)
+    assert fs.find(f"hf://buckets/{bucket_of(emu, job)}") == []
+
+
+def test_a_job_cannot_write_to_its_containers_work_dir_on_the_hosts_disk(emu: HfEmulator) -> None:
+    """Its one writable place on the host's disk is its outputs (bounded in total); the container's
+    work dir next to them is root's. The job learns the path from its mounts, as an attacker would."""
+    script = (
+        "import os\n"
+        "root = next(line.split()[4] for line in open('/proc/self/mountinfo') if line.split()[4].endswith('/root'))\n"
+        "work = os.path.join(os.path.dirname(root), 'work')\n"
+        "print('work dir', os.path.isdir(work))\n"
+        "try:\n"
+        "    open(os.path.join(work, 'filler.bin'), 'wb').write(b'x' * 4096)\n"
+        "    print('written')\n"
+        "except PermissionError as exc:\n"
+        "    print('refused', exc.errno)\n"
+    )
+    job = submit(emu, script)
+    stage, message, logs = finish(emu, job)
+    assert stage == "COMPLETED", (message, logs)
+    assert "work dir True" in logs and "refused 13" in logs, logs
+    assert not (emu.job_root(job).parent / "work" / "filler.bin").exists()

@@ -139,14 +139,24 @@ for i in range(2):
 time.sleep(300)  # the launcher's scan stops it
 """
 
+SCRATCH_PAST_CAP = """
+import os, time
+for i in range(6):  # 12 GiB of scratch past the t0 task's 10 GiB, each file under its 2 GiB file cap
+    with open(os.path.join(os.environ["TMPDIR"], f"cache-{i}.bin"), "wb") as f:
+        f.seek((2 << 30) - 2)
+        f.write(b"x")
+time.sleep(300)  # the launcher's scan stops it
+"""
+
 
 @pytest.mark.parametrize(
     ("script", "reason", "artifacts"),
     [
         (FILE_PAST_CAP, "FileSizeCapExceeded", ["posttrain-job.log"]),
         (OUTPUTS_PAST_CAP, "OutputCapExceeded", []),
+        (SCRATCH_PAST_CAP, "ScratchCapExceeded", []),
     ],
-    ids=["file-cap", "output-cap"],
+    ids=["file-cap", "output-cap", "scratch-cap"],
 )
 def test_a_job_past_its_tasks_caps_fails_with_the_cap_named_and_a_capped_one_publishes_nothing(
     kubectl: Kubectl,

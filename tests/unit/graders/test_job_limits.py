@@ -14,13 +14,13 @@ def test_a_file_larger_than_the_whole_output_tree_is_refused() -> None:
         JobLimits(**fields)
 
 
-def test_the_launcher_gets_every_limit_but_the_scratch_which_the_backend_bounds() -> None:
+def test_the_launcher_gets_every_limit_the_scratch_as_its_max_scratch_bytes() -> None:
     from posttrain_launcher.spec import Limits
 
     launcher = Limits(**SMALL_AGENT_JOB.launcher_limits())
     assert launcher.file_bytes == SMALL_AGENT_JOB.max_file_bytes
     assert launcher.max_log_file_bytes == SMALL_AGENT_JOB.max_log_file_bytes
-    assert "scratch_bytes" not in SMALL_AGENT_JOB.launcher_limits()
+    assert launcher.max_scratch_bytes == SMALL_AGENT_JOB.scratch_bytes
 
 
 def test_maxima_list_each_limit_over_them_and_nothing_else() -> None:
