@@ -474,7 +474,8 @@ def test_a_job_cannot_write_to_its_containers_work_dir_on_the_hosts_disk(emu: Hf
     work dir next to them is root's. The job learns the path from its mounts, as an attacker would."""
     script = (
         "import os\n"
-        "root = next(line.split()[4] for line in open('/proc/self/mountinfo') if line.split()[4].endswith('/root'))\n"
+        "mounts = [line.split()[4] for line in open('/proc/self/mountinfo')]\n"
+        "root = next(m for m in mounts if m.endswith('/root'))\n"
         "work = os.path.join(os.path.dirname(root), 'work')\n"
         "print('work dir', os.path.isdir(work))\n"
         "try:\n"
