@@ -46,6 +46,7 @@ ETC_FILES = {
 # Like HF Jobs, a job's processes and threads are bounded per vCPU; equal to the launcher's
 # RLIMIT_NPROC rule, so the cgroup (whose hits the emulator sees) trips first.
 PROCESSES_PER_CPU = 256
+CGROUP_MEMORY_VIEW = "/sys/fs/cgroup/memory"
 
 # Besides the path and prefixes: the packages of the installed task plugins (entry points of group
 # posttrain.tasks), which a lab's launcher image carries installed, and a checkout may hold editable.
@@ -201,6 +202,10 @@ class Isolation:
         binds += self._python_binds(argv[0])
         binds += [Bind(str(p), str(p), read_only=False) for p in writable]
         binds += [Bind(str(p), str(p)) for p in read_only]
+        if cgroup is not None:
+            # Read-only, as a container runtime shows a container its cgroup (the jail's cgroup
+            # namespace makes it the root): the launcher sees the memory limit that holds the job.
+            binds.append(Bind(str(cgroup.dirs["memory"]), CGROUP_MEMORY_VIEW))
         view = job_dir / "view"
         view.mkdir(mode=0o700, exist_ok=True)
         return JailSpec(

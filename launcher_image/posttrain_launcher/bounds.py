@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Mapping
 
@@ -43,7 +44,20 @@ class BoundsError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Bounds:
     processes: int  # RLIMIT_NPROC of the job's uid (threads included)
-    memory_bytes: int  # RLIMIT_DATA of each job process
+    memory_bytes: int  # the job's memory: its cgroup's limit where one holds it, else RLIMIT_DATA
+    # Where the memory bound is enforced: by the cgroup the launcher runs in (the whole job, what it
+    # touches, not what it reserves: CUDA reserves far more address space than it uses), or, where no
+    # such cgroup is visible, RLIMIT_DATA on each process.
+    by_cgroup: bool = False
+
+    @property
+    def memory_rlimit(self) -> int | None:
+        """RLIMIT_DATA for each job process; None when the cgroup bounds the job."""
+        return None if self.by_cgroup else self.memory_bytes
+
+    def describe(self) -> str:
+        where = "its cgroup's limit" if self.by_cgroup else "RLIMIT_DATA per process (no cgroup limit seen)"
+        return f"memory: {self.memory_bytes} bytes, held by {where}; processes: {self.processes}"
 
 
 def parse_memory(text: str) -> int:
@@ -71,7 +85,39 @@ def processes_for_cores(cores: int) -> int:
     return PROCESSES_PER_CPU * cores
 
 
-def derive_bounds(environ: Mapping[str, str], limits: Limits) -> Bounds:
+# cgroup v1 writes "no limit" as the largest page-aligned 63-bit count.
+UNLIMITED_V1 = 1 << 62
+
+
+def cgroup_memory_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """The memory limit of this process's own cgroup, as the kernel reads it (v2 `memory.max`, v1
+    `memory.limit_in_bytes`); None when there is none, or none can be seen (no /sys in the view)."""
+    try:
+        with open(proc_cgroup, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    found: list[int] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        relative = path.lstrip("/")
+        if controllers == "":
+            candidate = os.path.join(root, relative, "memory.max")
+        elif "memory" in controllers.split(","):
+            candidate = os.path.join(root, "memory", relative, "memory.limit_in_bytes")
+        else:
+            continue
+        try:
+            with open(candidate, encoding="utf-8") as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < UNLIMITED_V1:
+            found.append(int(text))
+    return min(found) if found else None
+
+
+def derive_bounds(environ: Mapping[str, str], limits: Limits, cgroup_limit: int | None = None) -> Bounds:
     memory = [parse_memory(environ[MEMORY_ENV])] if environ.get(MEMORY_ENV) else []
     processes = (
         [processes_for_cores(parse_cores(environ[CPU_CORES_ENV]))] if environ.get(CPU_CORES_ENV) else []
@@ -90,4 +136,7 @@ def derive_bounds(environ: Mapping[str, str], limits: Limits) -> Bounds:
             f"no process bound: {CPU_CORES_ENV} (the flavor's cores, set by the backend) is not set "
             "and the spec has no limits.max_processes"
         )
-    return Bounds(processes=min(processes), memory_bytes=min(memory))
+    memory_bytes = min(memory)
+    # The cgroup holds the job only if it holds it to the bound or lower (a spec may ask for less).
+    by_cgroup = cgroup_limit is not None and cgroup_limit <= memory_bytes
+    return Bounds(processes=min(processes), memory_bytes=memory_bytes, by_cgroup=by_cgroup)

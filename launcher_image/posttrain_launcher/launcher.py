@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from types import FrameType
 
 from . import egress, environment, joblog, network, packages, sandbox
-from .bounds import Bounds, BoundsError, derive_bounds
+from .bounds import Bounds, BoundsError, cgroup_memory_limit, derive_bounds
 from .spec import ROOT_ENV, JobSpec, SpecError, host_path, load_spec
 
 PREFIX = joblog.PREFIX
@@ -79,7 +79,7 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
     try:
         spec = load_spec(environ)
         requirements = packages.check_requirements(spec.packages)
-        bounds = derive_bounds(environ, spec.limits)
+        bounds = derive_bounds(environ, spec.limits, cgroup_memory_limit())
         net = network.decide(spec.network, network.interfaces())
     except (SpecError, packages.PackagePolicyError, BoundsError, network.NetworkRefused) as exc:
         raise Refusal(str(exc)) from None
@@ -150,7 +150,7 @@ def _child(job: PreparedJob, out_w: int, err_w: int) -> None:
             max_file_bytes=limits.file_bytes,
             max_open_files=limits.max_open_files,
             max_processes=job.bounds.processes,
-            max_memory_bytes=job.bounds.memory_bytes,
+            max_memory_bytes=job.bounds.memory_rlimit,
             network=job.network.mode,
         )
         _check_access(job)
@@ -356,6 +356,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         _say(f"error: {exc}")
         return EXIT_REFUSED
     _say(job.network.describe())
+    _say(job.bounds.describe())
     try:
         return run(job)
     finally:

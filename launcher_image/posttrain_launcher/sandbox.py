@@ -129,13 +129,15 @@ def _fd_ceiling() -> int:
     return soft if soft != resource.RLIM_INFINITY and soft > 0 else 1 << 20
 
 
-def set_rlimits(max_file_bytes: int, max_open_files: int, max_processes: int, max_memory_bytes: int) -> None:
+def set_rlimits(
+    max_file_bytes: int, max_open_files: int, max_processes: int, max_memory_bytes: int | None
+) -> None:
     """Each file the job writes is capped (EFBIG: Python ignores SIGXFSZ); no core dumps; the job's
     uid may run `max_processes` processes and threads (per user namespace: on a shared host without
     one, that count is shared by every job of uid 10000); each process allocates at most
-    `max_memory_bytes` (RLIMIT_DATA: heap and private writable mappings; the backend's memory
-    cgroup bounds the job as a whole). Not RLIMIT_AS: the address space torch's libraries reserve
-    alone passes 3 GiB, so a bound on it would stop `import torch` on a small flavor.
+    `max_memory_bytes` (RLIMIT_DATA: heap and private writable mappings), None where the backend's
+    memory cgroup bounds the job as a whole (bounds.py). Not RLIMIT_AS: the address space torch's
+    libraries reserve alone passes 3 GiB, so a bound on it would stop `import torch` on a small flavor.
 
     Raises SandboxError unless every limit is in place and no higher than asked.
     """
@@ -144,8 +146,9 @@ def set_rlimits(max_file_bytes: int, max_open_files: int, max_processes: int, ma
         resource.RLIMIT_FSIZE: max_file_bytes,
         resource.RLIMIT_NOFILE: max_open_files,
         resource.RLIMIT_NPROC: max_processes,
-        resource.RLIMIT_DATA: max_memory_bytes,
     }
+    if max_memory_bytes is not None:
+        limits[resource.RLIMIT_DATA] = max_memory_bytes
     for which, value in limits.items():
         _, hard = resource.getrlimit(which)
         if hard != resource.RLIM_INFINITY:
@@ -180,7 +183,11 @@ def drop_privileges() -> None:
 
 
 def lock_down(
-    max_file_bytes: int, max_open_files: int, max_processes: int, max_memory_bytes: int, network: str = "unix"
+    max_file_bytes: int,
+    max_open_files: int,
+    max_processes: int,
+    max_memory_bytes: int | None,
+    network: str = "unix",
 ) -> None:
     """Everything between fork and exec, in order. Raises SandboxError if any step fails.
 

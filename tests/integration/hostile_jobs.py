@@ -20,3 +20,13 @@ NESTED_ANSWER = (
     "with open(os.path.join(os.environ['POSTTRAIN_OUTPUT_DIR'], 'answer.json'), 'w') as f:\n"
     "    f.write('[' * 200_000 + ']' * 200_000)\n"
 )
+
+# What CUDA does at start-up: reserve far more writable address space than the job will touch.
+RESERVE_TWICE_THE_MEMORY = """
+import mmap, os
+memory = @@MEMORY@@
+flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux
+region = mmap.mmap(-1, 2 * memory, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+region[: 1 << 20] = b"x" * (1 << 20)  # and touch a little of it
+print("reserved", 2 * memory, flush=True)
+"""

@@ -28,7 +28,7 @@ from devstack.hf_emulator.repos import remove_tree
 from graders.assets.datasets import write_dataset_repo
 from graders.tasks import get_task
 from tests.helpers import wait_for
-from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB
+from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB, RESERVE_TWICE_THE_MEMORY
 from tests.integration.launcher.conftest import fill
 
 from .test_jobs_api import IMAGE, host_pids_with, sleeper, wait_for_processes, wait_terminal
@@ -369,8 +369,9 @@ def test_a_job_scanning_proc_and_the_file_system_finds_only_its_own_inputs(
     assert result["found"]["own"] == [str(job_dir / "root" / "inputs" / "own" / "data.jsonl")]
     assert result["files_read"] > 0
 
-    # Its view: its own tree, the system and the interpreter's libraries, nothing else of the host.
-    allowed_exact = {"/", "/tmp", "/proc", "/dev", "/dev/shm", *libraries}
+    # Its view: its own tree, the system and the interpreter's libraries, its own memory cgroup
+    # (read-only), nothing else of the host.
+    allowed_exact = {"/", "/tmp", "/proc", "/dev", "/dev/shm", "/sys/fs/cgroup/memory", *libraries}
     allowed_exact |= {"/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d"}
     for mount in result["mounts"]:
         assert (
@@ -489,3 +490,29 @@ def test_a_job_cannot_write_to_its_containers_work_dir_on_the_hosts_disk(emu: Hf
     assert stage == "COMPLETED", (message, logs)
     assert "work dir True" in logs and "refused 13" in logs, logs
     assert not (emu.job_root(job).parent / "work" / "filler.bin").exists()
+
+
+def test_the_jobs_cgroup_holds_its_memory_so_a_reservation_past_it_is_allowed(
+    make_emulator: Callable[..., HfEmulator], job_python: str
+) -> None:
+    """On a backend whose cgroup holds the job, the launcher sets no RLIMIT_DATA: a job may reserve
+    address space as CUDA does; what it touches is still bounded (the memory bomb test)."""
+    emu = make_emulator(interpreter=job_python, max_job_memory_bytes=512 << 20)
+    job = submit(emu, fill(RESERVE_TWICE_THE_MEMORY, MEMORY=512 << 20))
+    stage, message, logs = finish(emu, job)
+    assert stage == "COMPLETED", (message, logs)
+    assert f"posttrain-launcher: memory: {512 << 20} bytes, held by its cgroup's limit" in "\n".join(logs)
+    assert f"reserved {1 << 30}" in logs
+
+    # Its cgroup is shown to it read-only: it cannot raise its own limit.
+    raise_limit = (
+        "try:\n"
+        "    open('/sys/fs/cgroup/memory/memory.limit_in_bytes', 'w').write(str(64 << 30))\n"
+        "    print('raised')\n"
+        "except OSError as exc:\n"
+        "    print('refused', exc.errno)\n"
+        "print('limit', open('/sys/fs/cgroup/memory/memory.limit_in_bytes').read().strip())\n"
+    )
+    stage, message, logs = finish(emu, submit(emu, raise_limit))
+    assert stage == "COMPLETED", (message, logs)
+    assert any(line.startswith("refused ") for line in logs) and f"limit {512 << 20}" in logs, logs

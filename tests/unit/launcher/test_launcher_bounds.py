@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import resource
+from pathlib import Path
 
 import pytest
 from posttrain_launcher import Limits, sandbox
@@ -10,6 +11,7 @@ from posttrain_launcher.bounds import (
     PROCESSES_PER_CPU,
     Bounds,
     BoundsError,
+    cgroup_memory_limit,
     derive_bounds,
     parse_cores,
     parse_memory,
@@ -100,3 +102,51 @@ def test_a_limit_left_higher_than_asked_stops_the_lockdown(monkeypatch: pytest.M
     monkeypatch.setattr(sandbox.resource, "getrlimit", lambda which: unlimited)
     with pytest.raises(sandbox.SandboxError, match="not at most"):
         sandbox.set_rlimits(**LIMITS)
+
+
+V1_FILE = "memory.limit_in_bytes"
+V1_LIMIT = f"memory/{V1_FILE}"
+
+
+def cgroup_view(tmp_path: Path, lines: list[str], files: dict[str, str]) -> tuple[str, str]:
+    """A /proc/self/cgroup and a /sys/fs/cgroup tree as a container or a host shows them."""
+    (tmp_path / "cgroup").write_text("\n".join(lines) + "\n")
+    for path, text in files.items():
+        (tmp_path / "sys" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sys" / path).write_text(text + "\n")
+    return str(tmp_path / "cgroup"), str(tmp_path / "sys")
+
+
+@pytest.mark.parametrize(
+    ("lines", "files", "want"),
+    [
+        # v2 in a container (its cgroup namespace makes its cgroup the root), and on a host.
+        pytest.param(["0::/"], {"memory.max": "2147483648"}, 2 << 30, id="v2-container"),
+        pytest.param(
+            ["0::/kubepods/pod1/c1"], {"kubepods/pod1/c1/memory.max": "1073741824"}, 1 << 30, id="v2-host"
+        ),
+        pytest.param(["0::/"], {"memory.max": "max"}, None, id="v2-max"),
+        # v1, the memory controller alone or mounted with others; "no limit" is a huge count.
+        pytest.param(["4:memory:/", "1:cpu:/"], {V1_LIMIT: "536870912"}, 512 << 20, id="v1"),
+        pytest.param(["4:memory,hugetlb:/j"], {f"memory/j/{V1_FILE}": "536870912"}, 512 << 20, id="v1-co"),
+        pytest.param(["4:memory:/"], {V1_LIMIT: "9223372036854771712"}, None, id="v1-unlimited"),
+        # No /sys in the view (the file is missing), or no memory controller at all.
+        pytest.param(["4:memory:/"], {}, None, id="no-sys"),
+        pytest.param(["1:cpu:/"], {"cpu/cpu.shares": "1024"}, None, id="no-memory"),
+    ],
+)
+def test_the_cgroup_memory_limit_is_read_where_the_kernel_shows_it(
+    tmp_path: Path, lines: list[str], files: dict[str, str], want: int | None
+) -> None:
+    assert cgroup_memory_limit(*cgroup_view(tmp_path, lines, files)) == want
+
+
+def test_a_cgroup_holding_the_job_to_its_bound_replaces_rlimit_data() -> None:
+    flavor = {"MEMORY": "16Gi", "CPU_CORES": "2"}
+    held = derive_bounds(flavor, Limits(), cgroup_limit=16 << 30)
+    assert held.by_cgroup and held.memory_rlimit is None and held.memory_bytes == 16 << 30
+    # No cgroup limit, or one above the bound (a spec asking for less than the flavor): RLIMIT_DATA.
+    assert derive_bounds(flavor, Limits(), cgroup_limit=None).memory_rlimit == 16 << 30
+    lowered = derive_bounds(flavor, Limits(max_memory_bytes=1 << 30), cgroup_limit=16 << 30)
+    assert not lowered.by_cgroup and lowered.memory_rlimit == 1 << 30
+    assert "cgroup" in held.describe() and "RLIMIT_DATA" in lowered.describe()
