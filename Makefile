@@ -124,8 +124,12 @@ docker-host: ## Install and start Docker (Debian's docker.io), plus the runc wra
 	bash devstack/host/docker-setup.sh
 
 .PHONY: images
-images: venv docker-host ## Build the operator+gateway and launcher images (tags from the lock and sources; warm: no-op)
+images: venv docker-host ## Build the operator+gateway, launcher and environment images (tags from the locks and sources; warm: no-op)
 	$(PY) -m devstack images
+
+.PHONY: env-locks
+env-locks: venv $(UV) ## Re-resolve environments/*/requirements.lock (after changing a requirements.in or uv.lock)
+	$(PY) -m devstack env-lock --uv $(UV)
 
 .PHONY: node-image
 node-image: venv binaries docker-host ## The kind node image: kindest/node where pullable, else built from Debian packages
@@ -133,7 +137,7 @@ node-image: venv binaries docker-host ## The kind node image: kindest/node where
 
 # Cold builds happen here, with progress on the terminal, not inside the test session's fixtures.
 .PHONY: e2e-images
-e2e-images: venv binaries docker-host ## The kind node image and the two project images the e2e suite loads
+e2e-images: venv binaries docker-host ## The kind node image and the project images the e2e suite loads
 	$(PY) -m devstack node-image
 	$(PY) -m devstack images
 

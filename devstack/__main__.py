@@ -37,21 +37,37 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("output", type=Path)
     tok.add_argument("--name", default="default")
     img = sub.add_parser("images", help="build (or find up to date) the project's images; prints their tags")
-    img.add_argument("names", nargs="*", metavar="NAME", help="operator, launcher (default: both)")
+    img.add_argument("names", nargs="*", metavar="NAME", help="operator, launcher, env-NAME (default: all)")
+    lock = sub.add_parser("env-lock", help="resolve environment images' requirements.lock files")
+    lock.add_argument("names", nargs="*", metavar="NAME", help="environments/NAME (default: all)")
+    lock.add_argument("--uv", required=True, help="the uv binary to resolve with")
     sub.add_parser("node-image", help="the kind node image: official where pullable, else built here")
     return parser
 
 
 def _images(names: list[str], parser: argparse.ArgumentParser) -> int:
-    from devstack import images
+    from devstack import environments, images
 
-    unknown = set(names) - set(images.IMAGES)
+    known = dict(images.IMAGES)
+    known.update((f"env-{n}", environments.environment_image(n)) for n in environments.environment_names())
+    unknown = set(names) - set(known)
     if unknown:
-        parser.error(f"unknown image {sorted(unknown)}; choose from {sorted(images.IMAGES)}")
+        parser.error(f"unknown image {sorted(unknown)}; choose from {sorted(known)}")
     base = images.choose_base()
-    for name in names or list(images.IMAGES):
-        tag = images.build(images.IMAGES[name], base)
+    for name in names or list(known):
+        tag = images.build(known[name], base)
         print(f"{name:10} {tag}  {images.image_size_mb(tag)} MB")
+    return 0
+
+
+def _env_lock(names: list[str], uv: str, parser: argparse.ArgumentParser) -> int:
+    from devstack import environments
+
+    known = environments.environment_names()
+    if set(names) - set(known):
+        parser.error(f"unknown environment {sorted(set(names) - set(known))}; choose from {known}")
+    for name in names or known:
+        print(environments.write_lock(name, uv))
     return 0
 
 
@@ -106,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "images":
             return _images(args.names, parser)
+        if args.command == "env-lock":
+            return _env_lock(args.names, args.uv, parser)
         if args.command == "node-image":
             from devstack import kind
 

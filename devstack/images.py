@@ -1,8 +1,9 @@
 """Build the project's images, tagged by what goes into them, so a warm rebuild is a no-op.
 
 Two images: `posttrain-operator` (operator and gateway, no torch) and `posttrain-launcher` (agent
-and grader jobs). Each tag is `<version>-<key>`, the key a hash of the Dockerfile, the lock file and
-the sources the image copies, and the base image: when `docker image inspect` finds the tag, there
+and grader jobs); and the environment images, built on the launcher's (devstack/environments.py).
+Each tag is `<version>-<key>`, the key a hash of the Dockerfile, the lock file and the sources the
+image copies, and the base image: when `docker image inspect` finds the tag, there
 is nothing to build. The base is the official slim Python image when Docker has it or can pull it,
 and otherwise a Debian base made here from Debian's packages (devstack/debian.py).
 """
@@ -33,6 +34,8 @@ class ProjectImage:
     sources: tuple[str, ...]
     # Free space a build needs in Docker's root: the dependency layer is written, then committed.
     build_space_gb: int = 2
+    # Built FROM another project image (an environment image on the launcher's), not the Python base.
+    built_on: ProjectImage | None = None
 
 
 OPERATOR = ProjectImage(
@@ -83,7 +86,9 @@ def choose_base() -> str:
 
 
 def build(image: ProjectImage, base: str) -> str:
-    """The image's tag, built first if Docker does not have it."""
+    """The image's tag, built first if Docker does not have it (and the image it is built on)."""
+    if image.built_on is not None:
+        base = build(image.built_on, base)
     tag = image_tag(image, base)
     if debian.image_exists(tag):
         log(f"{tag} is up to date")

@@ -88,7 +88,23 @@ def _arithmetic_format(assets: AssetLocation) -> Task:
     )
 
 
+def _arithmetic_format_trl(assets: AssetLocation) -> Task:
+    """The same task, its agent jobs in the `trl` environment image (trl, peft, accelerate, datasets
+    beside the launcher's torch and transformers): a post-training stack, as a real task needs."""
+    task = _arithmetic_format(assets)
+    description = task.description + _TRL_DESCRIPTION
+    return task.model_copy(
+        update={"name": "t0_arithmetic_format_trl", "description": description, "agent_environment": "trl"}
+    )
+
+
+_TRL_DESCRIPTION = (
+    "\n\nYour jobs run in the `trl` environment: `trl` (SFTTrainer, DPOTrainer, GRPOTrainer), `peft`, "
+    "`accelerate` and `datasets` are installed beside torch and transformers."
+)
+
 BUILTIN_TASKS = (
     TaskPlugin(define=_artifact, assets="graders.assets.builtin"),
     TaskPlugin(define=_arithmetic_format, assets="graders.assets.builtin"),
+    TaskPlugin(define=_arithmetic_format_trl, assets="graders.assets.builtin"),
 )

@@ -50,6 +50,9 @@ class RepoRef(BaseModel):
     revision: str = Field(min_length=1)
 
 
+ENVIRONMENT_NAME = r"^[a-z][a-z0-9-]{0,31}$"
+
+
 class TaskLimits(BaseModel):
     """Defaults for `Episode.spec.limits` (field names mirror the CRD in snake_case)."""
 
@@ -78,6 +81,8 @@ class TaskPublicView(BaseModel):
     grader_job_limits: JobLimits
     grader_flavor: str | None
     requires_loopback: bool
+    agent_environment: str | None
+    grader_environment: str | None
 
 
 class Task(BaseModel):
@@ -103,6 +108,11 @@ class Task(BaseModel):
     # Its jobs need TCP/UDP on loopback (torchrun, vLLM): a backend that cannot give it refuses the
     # episode at its start (NetworkUnavailable) rather than run jobs that cannot work.
     requires_loopback: bool = False
+    # The environment image its agent and its grader jobs run in, by name (the chart maps each name
+    # to an image per backend: `environments`); None: the launcher's own image. A backend without
+    # the image refuses the episode at its start (EnvironmentUnavailable).
+    agent_environment: str | None = Field(default=None, pattern=ENVIRONMENT_NAME)
+    grader_environment: str | None = Field(default=None, pattern=ENVIRONMENT_NAME)
     # Module imported by `python -m graders.run` in the grader job (so it must be installed in the job's
     # image); it exposes `GRADER_VERSION` and `grade(task, inputs) -> GraderResult`.
     grader: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
@@ -150,7 +160,13 @@ class Task(BaseModel):
             grader_job_limits=self.grader_job_limits,
             grader_flavor=self.grader_flavor,
             requires_loopback=self.requires_loopback,
+            agent_environment=self.agent_environment,
+            grader_environment=self.grader_environment,
         )
+
+    def environments(self) -> set[str]:
+        """The environment images its jobs need."""
+        return {e for e in (self.agent_environment, self.grader_environment) if e is not None}
 
     def grader_split(self, purpose: Literal["devEval", "score"]) -> RepoRef:
         """The split a grader job mounts: dev for the agent's `dev_evaluate`, hidden for `submit`."""

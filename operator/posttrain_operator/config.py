@@ -77,6 +77,10 @@ class OperatorSettings(BaseSettings):
     # job is adopted as soon as it appears, not only when the window closes.
     submission_recheck_seconds: float = Field(default=5.0, gt=0)
 
+    # Environment images by name (a task names the one its jobs run in), as the chart's
+    # `environments` maps them; the same image on every backend. JSON: {"trl": "ghcr.io/...:tag"}.
+    environment_images: dict[str, str] = Field(default_factory=dict)
+
     # Pods backend (off unless enabled: it needs RBAC for namespaces, pods and NetworkPolicies).
     pods_enabled: bool = False
     pods_image: str = "localhost/posttrain-launcher:0.1.0"

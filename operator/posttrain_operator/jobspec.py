@@ -7,6 +7,7 @@ split is mounted only for `score`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from graders.tasks import (
@@ -106,8 +107,11 @@ def build_request(
     job_name: str,
     uid: str,
     network: NetworkMode = "unix",
+    environment_images: Mapping[str, str] | None = None,
 ) -> JobRequest:
-    """The backend-neutral request; `network` is the agent job's mode (grader jobs: unix always)."""
+    """The backend-neutral request; `network` is the agent job's mode (grader jobs: unix always);
+    `environment_images` maps the task's environment names to images (the episode's start checked
+    that the task's are there)."""
     inputs: dict[str, str] = {}
     repos: list[RepoMount] = []
     inputs_from: list[OutputMount] = []
@@ -155,6 +159,8 @@ def build_request(
     for repo in repos:
         inputs[repo.mount_path.rsplit("/", 1)[-1]] = repo.mount_path
     launcher["inputs"] = dict(sorted(inputs.items()))
+    environment = task.agent_environment if spec.purpose == "train" else task.grader_environment
+    image = (environment_images or {})[environment] if environment is not None else None
     return JobRequest(
         key=idempotency_key(uid),
         namespace=namespace,
@@ -167,4 +173,5 @@ def build_request(
         outputs=OutputMount(prefix=output_prefix(namespace, spec.episode, job_name), mount_path=OUTPUT_DIR),
         inputs_from=tuple(inputs_from),
         scratch_bytes=limits.scratch_bytes,
+        image=image,
     )

@@ -71,6 +71,7 @@ class JobRequest:
     outputs: OutputMount | None = None
     inputs_from: tuple[OutputMount, ...] = ()  # other jobs' outputs, read-only (checkpoints)
     scratch_bytes: int | None = None  # HOME and TMPDIR in all, where the backend bounds them
+    image: str | None = None  # the task's environment image; None: the backend's launcher image
 
 
 @dataclass(frozen=True)

@@ -254,7 +254,7 @@ class HfJobsBackend:
         info = await self._call(
             "run_job",
             lambda: self._api.run_job(
-                image=self.config.image,
+                image=request.image or self.config.image,
                 command=["python", "-m", "posttrain_launcher"],
                 env=env,
                 secrets={},

@@ -102,6 +102,14 @@ async def reconcile_episode(
                 message = f"task {task.name}'s jobs need loopback networking; {why}"
                 await fail_episode(ctx, body, status, cond.NETWORK_UNAVAILABLE, message)
                 return
+        missing = sorted(task.environments() - set(ctx.settings.environment_images))
+        if status.phase in (None, "Pending") and missing:
+            message = (
+                f"task {task.name}'s jobs run in the environment image(s) {', '.join(missing)}, which this "
+                "operator has no image for (the chart's `environments`)"
+            )
+            await fail_episode(ctx, body, status, cond.ENVIRONMENT_UNAVAILABLE, message)
+            return
         if status.phase in (None, "Pending"):
             await _start(ctx, body, spec, status, task)
         elif status.phase == "Running":

@@ -94,7 +94,8 @@ async def _submit(
     """Record the submission's start, then submit. A new admission is recorded in the same write."""
     meta = job["metadata"]
     request = build_request(spec=spec, task=task, namespace=meta["namespace"], job_name=meta["name"],
-                            uid=meta["uid"], network=status.network or "unix")  # fmt: skip
+                            uid=meta["uid"], network=status.network or "unix",
+                            environment_images=ctx.settings.environment_images)  # fmt: skip
     status = status.model_copy(update={"submit_started_at": format_time(ctx.clock())})
     await write_job_status(ctx, job, status)
     if admitted is not None:

@@ -210,6 +210,27 @@ def test_grader_jobs_mount_one_split_and_the_checkpoint_read_only(purpose: str, 
     assert request.launcher_spec["role"] == "grader" and request.launcher_spec["packages"] == []
 
 
+@pytest.mark.parametrize(
+    ("purpose", "agent_env", "grader_env", "want"),
+    [
+        ("train", "trl", None, "img/trl:1"),
+        ("devEval", "trl", None, None),  # graders keep the launcher's image unless the task says
+        ("score", "trl", "eval", "img/eval:1"),
+        ("train", None, "eval", None),
+    ],
+)
+def test_each_job_runs_in_the_environment_its_task_names_for_its_kind(
+    purpose: str, agent_env: str | None, grader_env: str | None, want: str | None
+) -> None:
+    task = ARITHMETIC.model_copy(update={"agent_environment": agent_env, "grader_environment": grader_env})
+    extra = {"script": "", "checkpointFrom": "j0"} if purpose != "train" else {}
+    _, spec = _job(purpose=purpose, **extra)
+    images = {"trl": "img/trl:1", "eval": "img/eval:1"}
+    request = build_request(spec=spec, task=task, namespace="ns", job_name="j", uid="u",
+                            environment_images=images)  # fmt: skip
+    assert request.image == want
+
+
 def test_conditions_move_transition_time_only_on_a_flip() -> None:
     first, changed = cond.set_condition([], "Ready", True, "Started", "go", "t1", 1)
     assert changed and first[0].last_transition_time == "t1"

@@ -198,6 +198,9 @@ def test_pod_is_hardened() -> None:
     assert container["command"] == ["python", "-m", "posttrain_launcher"]
     assert container["image"] == "launcher:test"
     assert {"name": "scratch", "mountPath": "/tmp"} in container["volumeMounts"]
+    # A task's environment image replaces the launcher's.
+    in_environment = pod_body(CONFIG, _request(image="registry.example/posttrain-env-trl:1"))
+    assert in_environment["spec"]["containers"][0]["image"] == "registry.example/posttrain-env-trl:1"
     assert {"name": "scratch", "emptyDir": {"sizeLimit": "10Gi"}} in spec["volumes"]
 
 

@@ -601,3 +601,23 @@ async def test_an_agent_jobs_network_mode_is_recorded_and_sent_to_its_launcher(
     assert world.status("episodes", "ep")["network"]["mode"] == mode
     (submitted,) = world.backend.jobs.values()
     assert submitted.request.launcher_spec["network"] == mode
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+async def test_a_task_in_an_environment_image_runs_only_where_the_operator_has_that_image(
+    world: World, mapped: bool
+) -> None:
+    if mapped:
+        world.ctx.settings.environment_images = {"trl": "registry.example/posttrain-env-trl:1"}
+    world.episode(task="t0_arithmetic_format_trl")
+    await reconcile_episode(world.ctx, NS, "ep")
+    status = world.status("episodes", "ep")
+    if not mapped:
+        assert (status["phase"], status["conditions"][-1]["reason"]) == ("Failed", "EnvironmentUnavailable")
+        assert "environment image(s) trl, which this operator has no image for" in status["message"]
+        return
+    assert status["phase"] == "Running"
+    world.job()
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    (submitted,) = world.backend.jobs.values()
+    assert submitted.request.image == "registry.example/posttrain-env-trl:1"

@@ -273,7 +273,7 @@ def _container(
 ) -> dict[str, Any]:
     return {
         "name": CONTAINER,
-        "image": config.image,
+        "image": request.image or config.image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-m", "posttrain_launcher"],
         # The agent's own script and packages, never a credential.
