@@ -37,7 +37,7 @@ import pytest
 import yaml
 from posttrain_launcher.host import job_interpreter
 
-from devstack import images, kind
+from devstack import environments, images, kind
 from devstack.build import ensure_binaries
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
@@ -201,6 +201,19 @@ def launcher_image(e2e_cluster: Cluster) -> str | None:
     return tag
 
 
+@pytest.fixture(scope="session")
+def environment_images(e2e_cluster: Cluster, launcher_image: str | None) -> dict[str, str]:
+    """The environment images (built on the launcher's) by name, loaded for the pods backend (kind
+    only, like the launcher's image)."""
+    if launcher_image is None:
+        return {}
+    base = images.choose_base()
+    names = environments.environment_names()
+    tags = {name: images.build(environments.environment_image(name), base) for name in names}
+    kind.load_images(CLUSTER_NAME, list(tags.values()))
+    return tags
+
+
 def stage_store(store: Path) -> None:
     """The store's layout (backends/pods/names.py): every task repo read-only under `repos/`, and
     `outputs/` and `wheels/`, where the operator (uid 10000) makes each job's output dir and stages
@@ -304,6 +317,7 @@ def e2e_values(
     launcher_image: str | None = None,
     canary: Canary | None = None,
     package_index: str = "",
+    environment_images: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     repository, tag = image.rsplit(":", 1)
     pods: dict[str, Any] = {"enabled": False}
@@ -330,6 +344,7 @@ def e2e_values(
         },
         "gateway": {"orchestratorTokenSecret": {"name": "orchestrator", "key": "token"}},
         "pods": pods,
+        "environments": environment_images or {},
     }
 
 
@@ -342,6 +357,7 @@ def release(
     hf_emulator: HfEmulator,
     canary: Canary,
     package_index: PackageIndex,
+    environment_images: dict[str, str],
 ) -> Iterator[Release]:
     """The chart installed with `helm install --wait`, and the Secrets it references; on kind with
     the pods backend enabled too, its store staged."""
@@ -362,7 +378,8 @@ def release(
     values.write_text(
         yaml.safe_dump(
             e2e_values(
-                operator_image, hf_emulator.url, pull_policy, launcher_image, canary, package_index.url
+                operator_image, hf_emulator.url, pull_policy, launcher_image, canary, package_index.url,
+                environment_images,
             )
         )
     )

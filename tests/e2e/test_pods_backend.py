@@ -459,6 +459,40 @@ def test_a_job_reads_an_earlier_jobs_outputs_and_loads_data_with_workers_over_de
     assert "posttrain-job.log" in {a["path"] for a in status["artifacts"]}
 
 
+def test_a_train_job_in_the_trl_environment_runs_sft_trainer_on_the_tiny_model(
+    pods_release: Release, environment_images: dict[str, str]
+) -> None:
+    release = pods_release
+    script = (REPO / "tests" / "e2e" / "jobs" / "sft_trl.py").read_text()
+
+    async def train(gateway: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        observation = await scripted_sft_agent.reset_episode(
+            gateway, release.orchestrator_token, "t0_arithmetic_format_trl", "pods"
+        )
+        token = observation["metadata"]["agent_token"]
+        async with scripted_sft_agent.agent_client(gateway, token) as session:
+            info = await scripted_sft_agent.call_tool(session, "task_info")
+            submitted = await scripted_sft_agent.call_tool(
+                session, "jobs_submit", script=script, timeout_seconds=600, datasets=["train"]
+            )
+            name = submitted["job"]["name"]
+            await asyncio.to_thread(_finished, release, name)
+            logs = await scripted_sft_agent.call_tool(session, "jobs_logs", job=name, tail=200)
+        return info, name, logs
+
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        info, job, logs = asyncio.run(train(gateway))
+    assert info["agent_environment"] == "trl", info
+    status = release.json("get", "agentjob", job)["status"]
+    assert status["phase"] == "Succeeded", (status, logs["lines"][-20:])
+    assert _job_pod(release, job)["spec"]["containers"][0]["image"] == environment_images["trl"]
+    versions = next(line for line in logs["lines"] if line.startswith("versions "))
+    assert versions.split()[1:] == ["1.16.0", "0.21.2", "5.2.0"], versions  # trl, peft, datasets as locked
+    trained = json.loads(next(line for line in logs["lines"] if line.startswith("sft ")).removeprefix("sft "))
+    assert trained["steps"] == 5, trained
+    assert "model.safetensors" in {a["path"] for a in status["artifacts"]}
+
+
 # Last: the longest (a CPU fine-tune of the tiny model).
 def test_t0_arithmetic_format_on_pods(request: pytest.FixtureRequest, pods_release: Release) -> None:
     result = _play(request, pods_release, "t0_arithmetic_format")
