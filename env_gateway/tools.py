@@ -172,6 +172,9 @@ async def task_info(ctx: ToolContext, _: NoArgs) -> dict[str, Any]:
 async def jobs_submit(ctx: ToolContext, args: SubmitJobArgs) -> JobResult:
     _refuse_if_not_running(ctx)
     ep = ctx.episode
+    refused = ep.task.package_refusal(args.packages)
+    if refused is not None:  # the operator refuses it too; nothing is created
+        raise ToolFailure("package_not_allowed", refused, error_type="invalid_args")
     spec = {
         "episode": ep.name,
         "purpose": "train",

@@ -93,14 +93,24 @@ def _arithmetic_format_trl(assets: AssetLocation) -> Task:
     beside the launcher's torch and transformers): a post-training stack, as a real task needs."""
     task = _arithmetic_format(assets)
     description = task.description + _TRL_DESCRIPTION
-    return task.model_copy(
-        update={"name": "t0_arithmetic_format_trl", "description": description, "agent_environment": "trl"}
-    )
+    update = {
+        "name": "t0_arithmetic_format_trl",
+        "description": description,
+        "agent_environment": "trl",
+        "allowed_packages": TRL_EXTRA_PACKAGES,
+    }
+    return task.model_copy(update=update)
+
+
+# What a trl job may add to its environment (wheels only, with the image's torch): faster kernels and
+# the reward-side helpers trl's recipes name.
+TRL_EXTRA_PACKAGES = frozenset({"liger-kernel", "math-verify", "latex2sympy2-extended"})
 
 
 _TRL_DESCRIPTION = (
     "\n\nYour jobs run in the `trl` environment: `trl` (SFTTrainer, DPOTrainer, GRPOTrainer), `peft`, "
-    "`accelerate` and `datasets` are installed beside torch and transformers."
+    "`accelerate` and `datasets` are installed beside torch and transformers. `packages` may name only "
+    "liger-kernel, math-verify and latex2sympy2-extended."
 )
 
 BUILTIN_TASKS = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from importlib import metadata
@@ -51,6 +51,13 @@ class RepoRef(BaseModel):
 
 
 ENVIRONMENT_NAME = r"^[a-z][a-z0-9-]{0,31}$"
+_REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def package_name(requirement: str) -> str:
+    """A requirement's project name as PEP 503 compares names (`Foo_Bar>=1` -> `foo-bar`)."""
+    found = _REQUIREMENT_NAME.match(requirement.strip())
+    return re.sub(r"[-_.]+", "-", found.group(0) if found else requirement).lower()
 
 
 class TaskLimits(BaseModel):
@@ -83,6 +90,7 @@ class TaskPublicView(BaseModel):
     requires_loopback: bool
     agent_environment: str | None
     grader_environment: str | None
+    allowed_packages: list[str] | None
 
 
 class Task(BaseModel):
@@ -113,6 +121,8 @@ class Task(BaseModel):
     # the image refuses the episode at its start (EnvironmentUnavailable).
     agent_environment: str | None = Field(default=None, pattern=ENVIRONMENT_NAME)
     grader_environment: str | None = Field(default=None, pattern=ENVIRONMENT_NAME)
+    # The only packages an agent job may ask for (names, as PEP 503 compares them); None: any.
+    allowed_packages: frozenset[str] | None = None
     # Module imported by `python -m graders.run` in the grader job (so it must be installed in the job's
     # image); it exposes `GRADER_VERSION` and `grade(task, inputs) -> GraderResult`.
     grader: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
@@ -162,6 +172,20 @@ class Task(BaseModel):
             requires_loopback=self.requires_loopback,
             agent_environment=self.agent_environment,
             grader_environment=self.grader_environment,
+            allowed_packages=sorted(self.allowed_packages) if self.allowed_packages is not None else None,
+        )
+
+    def package_refusal(self, requirements: Iterable[str]) -> str | None:
+        """Why these requirements are refused for this task's agent jobs; None when they are not."""
+        if self.allowed_packages is None:
+            return None
+        allowed = {package_name(p) for p in self.allowed_packages}
+        outside = sorted({package_name(r) for r in requirements} - allowed)
+        if not outside:
+            return None
+        return (
+            f"packages {outside} are not allowed for task {self.name}; "
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}"
         )
 
     def environments(self) -> set[str]:

@@ -85,6 +85,9 @@ def validate_against_task(spec: AgentJobSpec, task: Task, flavors: list[str], ma
         raise InvalidJob(f"datasets {unknown} are not allowed for task {task.name}; allowed: {allowed}")
     if spec.purpose == "train" and not spec.script.strip():
         raise InvalidJob("a train job needs a script")
+    refused = task.package_refusal(spec.packages)
+    if refused is not None:
+        raise InvalidJob(refused)
     if spec.purpose in ("devEval", "score"):
         if not spec.checkpoint_from:
             raise InvalidJob(f"a {spec.purpose} job needs checkpointFrom")

@@ -378,7 +378,12 @@ def release(
     values.write_text(
         yaml.safe_dump(
             e2e_values(
-                operator_image, hf_emulator.url, pull_policy, launcher_image, canary, package_index.url,
+                operator_image,
+                hf_emulator.url,
+                pull_policy,
+                launcher_image,
+                canary,
+                package_index.url,
                 environment_images,
             )
         )

@@ -10,6 +10,7 @@ from graders.tasks import (
     UnknownTaskError,
     all_tasks,
     get_task,
+    package_name,
     task_names,
 )
 
@@ -88,3 +89,21 @@ def test_grader_script_runs_the_task_grader() -> None:
     compile(script, "<grader>", "exec")
     assert "graders.run" in script
     assert "'t0_artifact'" in script
+
+
+@pytest.mark.parametrize(
+    ("requirement", "name"),
+    [("Liger_Kernel>=0.5", "liger-kernel"), ("math.verify", "math-verify"), ("  trl == 1.0", "trl")],
+)
+def test_a_requirements_name_is_compared_as_pep_503_does(requirement: str, name: str) -> None:
+    assert package_name(requirement) == name
+
+
+def test_a_tasks_allow_list_refuses_every_other_package_and_names_them() -> None:
+    trl = get_task("t0_arithmetic_format_trl")
+    assert trl.package_refusal(["Liger_Kernel>=0.5", "math-verify==0.8"]) is None
+    refused = trl.package_refusal(["numpy", "liger-kernel", "Requests"])
+    assert refused is not None and "['numpy', 'requests'] are not allowed" in refused
+    assert "allowed: latex2sympy2-extended, liger-kernel, math-verify" in refused
+    assert get_task("t0_artifact").package_refusal(["anything"]) is None  # no allow-list: any
+    assert trl.public_view().allowed_packages == sorted(trl.allowed_packages or ())
