@@ -42,16 +42,18 @@ HELM = $(shell $(PY) -c 'from devstack.paths import bin_dir; print(bin_dir())')/
 HELM_KUBE_VERSION := 1.34.4
 
 .PHONY: manifests
-manifests: venv ## Regenerate the CRDs in crds/ from the pydantic models, and their copy in the chart
+manifests: venv ## Regenerate the CRDs (and their copy in the chart) and the images' package lists
 	$(PY) -m posttrain_operator.api.crds --write crds
 	rm -f $(CHART)/crds/*.yaml
 	cp crds/*.yaml $(CHART)/crds/
+	$(PY) -m devstack image-packages
 
 .PHONY: verify
-verify: venv ## Fail if generated files (CRDs, the chart's copy) drifted from their source
+verify: venv ## Fail if generated files (CRDs, the chart's copy, the images' package lists) drifted
 	$(PY) -m posttrain_operator.api.crds --check crds
 	$(PY) -m posttrain_operator.api.crds --check $(CHART)/crds
 	diff -r crds $(CHART)/crds
+	$(PY) -m devstack image-packages --check
 
 .PHONY: helm-lint
 helm-lint: venv binaries ## helm lint --strict the chart at Kubernetes 1.34 and render it with its defaults

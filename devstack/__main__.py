@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     lock = sub.add_parser("env-lock", help="resolve environment images' requirements.lock files")
     lock.add_argument("names", nargs="*", metavar="NAME", help="environments/NAME (default: all)")
     lock.add_argument("--uv", required=True, help="the uv binary to resolve with")
+    pkgs = sub.add_parser("image-packages", help="the operator's list of what each job image holds")
+    pkgs.add_argument("--check", action="store_true", help="fail if the file is out of date")
     sub.add_parser("node-image", help="the kind node image: official where pullable, else built here")
     return parser
 
@@ -124,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
             return _images(args.names, parser)
         if args.command == "env-lock":
             return _env_lock(args.names, args.uv, parser)
+        if args.command == "image-packages":
+            from devstack import environments
+
+            if environments.write_image_packages(check=args.check):
+                return 0
+            stale = environments.IMAGE_PACKAGES
+            print(f"devstack: {stale} is out of date: run make manifests", file=sys.stderr)
+            return 1
         if args.command == "node-image":
             from devstack import kind
 

@@ -9,6 +9,7 @@ the others (`make images`), its tag keyed by the launcher's tag and its own file
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tempfile
@@ -68,6 +69,28 @@ def launcher_packages(lock_file: Path = REPO_ROOT / "uv.lock") -> dict[str, str]
         if name != PROJECT:
             found[name] = package["version"]
     return found
+
+
+IMAGE_PACKAGES = REPO_ROOT / "operator" / "posttrain_operator" / "backends" / "image_packages.json"
+
+
+def image_packages() -> dict[str, Any]:
+    """What each job image holds, for the operator's package resolution: the launcher's packages,
+    and what each environment image adds to them."""
+    added = {
+        name: {p: v for p, (v, _) in lock_entries(ENVIRONMENTS_DIR / name / "requirements.lock").items()}
+        for name in environment_names()
+    }
+    return {"launcher": dict(sorted(launcher_packages().items())), "environments": added}
+
+
+def write_image_packages(*, check: bool) -> bool:
+    """Write (or, `check`, compare) IMAGE_PACKAGES; False when the file differs from its source."""
+    text = json.dumps(image_packages(), indent=1, sort_keys=True) + "\n"
+    if check:
+        return IMAGE_PACKAGES.exists() and IMAGE_PACKAGES.read_text() == text
+    IMAGE_PACKAGES.write_text(text)
+    return True
 
 
 def lock_entries(lock: Path) -> dict[str, tuple[str, list[str]]]:

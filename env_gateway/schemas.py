@@ -133,6 +133,11 @@ class JobView(BaseModel):
     lineage: list[str] = Field(
         default_factory=list, description="Every job whose outputs this one built on, nearest first."
     )
+    installed: list[str] = Field(
+        default_factory=list,
+        description="The wheels installed for its packages, dependencies included (name==version), where "
+        "the backend resolves them.",
+    )
     reserved_usd: str | None = None
     spent_usd: str | None = None
     exit_code: int | None = Field(

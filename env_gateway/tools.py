@@ -77,6 +77,7 @@ def job_view(job: dict[str, Any]) -> JobView:
         checkpoint_from=spec.get("checkpointFrom"),
         inputs_from=list(spec.get("inputsFrom") or []),
         lineage=list(status.lineage),
+        installed=[f"{p.name}=={p.version}" for p in status.packages],
         network=status.network,
         reserved_usd=micro_to_usd(status.reserved_micro_usd),
         spent_usd=micro_to_usd(status.settled_micro_usd),

@@ -10,7 +10,7 @@ import json
 import threading
 import zipfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,13 +20,21 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
 
 def build_wheel(
-    directory: Path, name: str, version: str, module_source: str, tag: str = "py3-none-any"
+    directory: Path,
+    name: str,
+    version: str,
+    module_source: str,
+    tag: str = "py3-none-any",
+    requires: Sequence[str] = (),
 ) -> Path:
-    """A minimal, valid wheel of one module `name` (dist-info with METADATA, WHEEL and RECORD)."""
+    """A minimal, valid wheel of one module `name` (dist-info with METADATA, WHEEL and RECORD),
+    declaring `requires` as its Requires-Dist."""
     dist = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {
         f"{name}.py": module_source.encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/METADATA": metadata.encode(),
         f"{dist}/WHEEL": (
             f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()
         ),

@@ -67,7 +67,27 @@ def check_requirements(raw: Sequence[str]) -> list[str]:
     return out
 
 
-def pip_command(requirements: Sequence[str], target: str, python: str | None = None) -> list[str]:
+# Set by a backend that resolved the job's packages with their dependencies (the pods backend): a pip
+# requirements file pinning every wheel to install with its sha256, beside the staged wheels.
+LOCK_ENV = "POSTTRAIN_PACKAGE_LOCK"
+
+
+def check_lock(requirements: Sequence[str], lock: str) -> None:
+    """The backend's lock must pin every package the job asked for."""
+    try:
+        with open(lock, encoding="utf-8") as fh:
+            pinned = {canonicalize_name(line.split("==", 1)[0]) for line in fh if "==" in line}
+    except OSError as exc:
+        raise InstallError(f"the backend's package lock {lock} cannot be read: {exc}") from None
+    missing = sorted({canonicalize_name(Requirement(r).name) for r in requirements} - pinned)
+    if missing:
+        raise InstallError(f"the backend's package lock does not pin {missing}")
+
+
+def pip_command(
+    requirements: Sequence[str], target: str, python: str | None = None, lock: str | None = None
+) -> list[str]:
+    """The install of `requirements`, or, where the backend resolved them, of its `lock`."""
     return [
         python or sys.executable,
         "-m",
@@ -81,9 +101,9 @@ def pip_command(requirements: Sequence[str], target: str, python: str | None = N
         "--disable-pip-version-check",
         "--no-warn-script-location",
         "--progress-bar=off",
-        # Ends option parsing: nothing after it can be read as an option, whatever it looks like.
-        "--",
-        *requirements,
+        # A lock names every wheel with its hash; else `--` ends option parsing for the agent's
+        # strings: nothing after it can be read as an option, whatever it looks like.
+        *(["--require-hashes", "-r", lock] if lock else ["--", *requirements]),
     ]
 
 
@@ -93,9 +113,12 @@ def install(requirements: Sequence[str], target: str, environ: Mapping[str, str]
     env.pop("PYTHONPATH", None)
     # pip reads options from PIP_* too; the operator may set an index mirror, the agent cannot.
     env["PIP_NO_INPUT"] = "1"
+    lock = env.pop(LOCK_ENV, None)
+    if lock:
+        check_lock(requirements, lock)
     try:
         proc = subprocess.run(
-            pip_command(requirements, target),
+            pip_command(requirements, target, lock=lock),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,

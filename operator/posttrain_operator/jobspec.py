@@ -177,4 +177,5 @@ def build_request(
         inputs_from=tuple(inputs_from),
         scratch_bytes=limits.scratch_bytes,
         image=image,
+        environment=environment,
     )

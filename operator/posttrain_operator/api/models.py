@@ -24,6 +24,7 @@ MAX_REQUIREMENT_CHARS = 200
 MAX_DATASETS = 8
 MAX_INPUTS_FROM = 8
 MAX_LINEAGE = 64
+MAX_INSTALLED_PACKAGES = 64  # one job's packages with their dependencies
 MAX_ARTIFACTS = 100
 MAX_CONDITIONS = 16
 MAX_ORPHANS = 1000
@@ -312,6 +313,12 @@ class Artifact(ApiModel):
     size: int = Field(ge=0, description="size is in bytes.")
 
 
+class InstalledPackage(ApiModel):
+    name: str = Field(max_length=128, description="name is the project's name (PEP 503).")
+    version: str = Field(max_length=64, description="version is the wheel's, as installed.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 is the wheel's, as installed.")
+
+
 class GradeResult(ApiModel):
     status: str = Field(max_length=64, description="status is ok, invalid_checkpoint or error.")
     score: str | None = Field(default=None, description="score is a decimal string in [0, 1].")
@@ -378,6 +385,12 @@ class AgentJobStatus(ApiModel):
         max_length=MAX_LINEAGE,
         description="lineage lists the jobs whose outputs this job built on (inputsFrom, then theirs, "
         "nearest first); recorded at admission.",
+    )
+    packages: list[InstalledPackage] = Field(
+        default_factory=list,
+        max_length=MAX_INSTALLED_PACKAGES,
+        description="packages are the wheels installed for spec.packages, their dependencies included, "
+        "pinned by sha256; recorded at submission where the backend resolves them (pods).",
     )
     observed_generation: int | None = Field(
         default=None, description="observedGeneration is the spec generation the operator last acted on."

@@ -72,12 +72,23 @@ class JobRequest:
     inputs_from: tuple[OutputMount, ...] = ()  # other jobs' outputs, read-only (checkpoints)
     scratch_bytes: int | None = None  # HOME and TMPDIR in all, where the backend bounds them
     image: str | None = None  # the task's environment image; None: the backend's launcher image
+    environment: str | None = None  # that image's name (what it holds: backends/image_packages.py)
 
 
 @dataclass(frozen=True)
 class Handle:
     backend_job_id: str
     output_prefix: str = ""
+    # The wheels installed for the job's packages, dependencies included, as the backend resolved and
+    # staged them (recorded in the job's status); empty where the backend resolves none.
+    packages: tuple[PackagePin, ...] = ()
+
+
+@dataclass(frozen=True)
+class PackagePin:
+    name: str
+    version: str
+    sha256: str
 
 
 @dataclass(frozen=True)

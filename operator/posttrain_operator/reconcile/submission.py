@@ -12,7 +12,14 @@ from typing import Any
 
 from graders.tasks import Task, get_task
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
+from posttrain_operator.api.models import (
+    AgentJobSpec,
+    AgentJobStatus,
+    EpisodeSpec,
+    EpisodeStatus,
+    InstalledPackage,
+    status_of,
+)
 from posttrain_operator.api.rules import format_time, parse_time
 from posttrain_operator.backends.base import BACKEND_REFUSED, Backend, BackendError, Handle
 from posttrain_operator.jobspec import build_request
@@ -107,9 +114,9 @@ async def _submit(
 async def _record_submitted(
     ctx: Context, job: dict[str, Any], status: AgentJobStatus, handle: Handle
 ) -> None:
-    status = status.model_copy(
-        update={"phase": "Running", "backend_job_id": handle.backend_job_id, "backend_stage": "pending"}
-    )
+    installed = [InstalledPackage(name=p.name, version=p.version, sha256=p.sha256) for p in handle.packages]
+    update = {"phase": "Running", "backend_job_id": handle.backend_job_id, "backend_stage": "pending"}
+    status = status.model_copy(update={**update, "packages": installed})
     message = f"backend job {handle.backend_job_id}"
     status = with_condition(ctx, job, status, cond.SUBMITTED, True, "Submitted", message)
     await write_job_status(ctx, job, status)

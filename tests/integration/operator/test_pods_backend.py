@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -19,7 +20,14 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client, config
-from posttrain_operator.backends.base import BackendError, Handle, JobRequest, OutputMount, RepoMount
+from posttrain_operator.backends.base import (
+    BackendError,
+    Handle,
+    JobRequest,
+    OutputMount,
+    PackagePin,
+    RepoMount,
+)
 from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
 from posttrain_operator.backends.pods.manifests import namespace_body
 from posttrain_operator.backends.pods.names import (
@@ -149,16 +157,23 @@ async def test_submit_isolates_the_episode_namespace_before_creating_a_hardened_
 async def test_packages_are_staged_before_the_pod_which_mounts_them_and_go_with_the_episode(
     api_client: client.ApiClient, kubectl: Kubectl, namespace: str, episode_namespaces: None, tmp_path: Path
 ) -> None:
-    wheel = build_wheel(tmp_path, "ptprobe", "1.0", "VALUE = 1\n")
-    with serve_index("127.0.0.1", {"ptprobe": [wheel]}) as index:
+    # ptprobe depends on ptdep, and on numpy, which the launcher's image holds.
+    wheel = build_wheel(tmp_path, "ptprobe", "1.0", "VALUE = 1\n", requires=["ptdep>=1", "numpy>=1"])
+    dep = build_wheel(tmp_path, "ptdep", "1.2", "VALUE = 2\n")
+    with serve_index("127.0.0.1", {"ptprobe": [wheel], "ptdep": [dep]}) as index:
         config = dataclasses.replace(_config(tmp_path / "store"), package_index=index.url)
         staging = PodsBackend(config, api_client)
         request = _request(namespace, "aj-pkgs")
         request.launcher_spec["packages"] = ["ptprobe==1.0"]
         handle = await staging.submit(request)
     pod_ns, pod_name = handle.backend_job_id.split("/")
-    staged = tmp_path / "store" / "wheels" / pod_ns / pod_name / wheel.name
-    assert staged.read_bytes() == wheel.read_bytes()
+    staged = tmp_path / "store" / "wheels" / pod_ns / pod_name
+    assert (staged / wheel.name).read_bytes() == wheel.read_bytes()
+    assert (staged / dep.name).read_bytes() == dep.read_bytes()
+    digests = {w: hashlib.sha256(w.read_bytes()).hexdigest() for w in (wheel, dep)}
+    pins = (PackagePin("ptprobe", "1.0", digests[wheel]), PackagePin("ptdep", "1.2", digests[dep]))
+    assert handle.packages == pins
+    assert "numpy" not in (staged / "requirements.lock").read_text()
     # The stored pod: wheels mounted read-only from the store, pip told to use them and no index.
     pod = kubectl_json(kubectl, "-n", pod_ns, "get", "pod", pod_name)
     (container,) = pod["spec"]["containers"]
@@ -166,6 +181,7 @@ async def test_packages_are_staged_before_the_pod_which_mounts_them_and_go_with_
     assert mount["readOnly"] is True and mount["subPath"] == f"wheels/{pod_ns}/{pod_name}"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert (env["PIP_NO_INDEX"], env["PIP_FIND_LINKS"]) == ("1", WHEELS_MOUNT)
+    assert env["POSTTRAIN_PACKAGE_LOCK"] == f"{WHEELS_MOUNT}/requirements.lock"
     assert await staging.cancel(handle)
     deadline = asyncio.get_running_loop().time() + 120
     while not await staging.release_episode(namespace, "ep1"):

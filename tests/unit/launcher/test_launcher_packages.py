@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from posttrain_launcher.packages import PackagePolicyError, check_requirements, pip_command
+from posttrain_launcher.packages import (
+    InstallError,
+    PackagePolicyError,
+    check_lock,
+    check_requirements,
+    pip_command,
+)
 
 
 @pytest.mark.parametrize(
@@ -73,3 +81,18 @@ def test_pip_gets_wheels_only_no_deps_and_no_options_after_the_separator() -> No
     assert cmd[cmd.index("--target") + 1] == "/scratch/packages"
     assert cmd[-2:] == ["--", "six==1.17.0"]
     assert not any("index" in arg or "find-links" in arg for arg in cmd)
+
+
+def test_a_backends_lock_installs_every_pinned_wheel_by_hash_and_must_pin_what_was_asked(
+    tmp_path: Path,
+) -> None:
+    lock = tmp_path / "requirements.lock"
+    lock.write_text(f"ptprobe==1.0 --hash=sha256:{'a' * 64}\nptdep==2.1 --hash=sha256:{'b' * 64}\n")
+    check_lock(["PtProbe>=1"], str(lock))
+    cmd = pip_command(["PtProbe>=1"], "/t", python="/py", lock=str(lock))
+    assert cmd[-3:] == ["--require-hashes", "-r", str(lock)] and "PtProbe>=1" not in cmd
+    assert "--no-deps" in cmd and "--only-binary=:all:" in cmd
+    with pytest.raises(InstallError, match=r"does not pin \['numpy'\]"):
+        check_lock(["ptprobe", "numpy"], str(lock))
+    with pytest.raises(InstallError, match="cannot be read"):
+        check_lock(["ptprobe"], str(tmp_path / "missing"))

@@ -22,6 +22,7 @@ from posttrain_operator.backends.base import (
     CallStats,
     Handle,
     JobRequest,
+    PackagePin,
     RemoteStatus,
     UnknownFlavor,
 )
@@ -270,6 +271,7 @@ class FakeBackend:
         self.artifact_files: dict[str, dict[str, bytes]] = {}
         self.confirm_cancel = True
         self.fail_submit: BackendError | None = None
+        self.resolved: tuple[PackagePin, ...] = ()  # what a resolving backend staged for a job
         self.fail_price: BackendError | None = None
         self._ids = itertools.count(1)
 
@@ -287,7 +289,7 @@ class FakeBackend:
             raise self.fail_submit
         job_id = f"job-{next(self._ids)}"
         self.jobs[job_id] = FakeJob(request)
-        return Handle(job_id, request.outputs.prefix if request.outputs else "")
+        return Handle(job_id, request.outputs.prefix if request.outputs else "", packages=self.resolved)
 
     async def find(self, key: str) -> Handle | None:
         self.stats.count("find")

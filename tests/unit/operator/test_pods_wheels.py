@@ -14,7 +14,7 @@ import pytest
 from kubernetes_asyncio import client
 from packaging.requirements import Requirement
 from packaging.tags import Tag
-from posttrain_operator.backends.base import BackendError, JobRequest
+from posttrain_operator.backends.base import BackendError, JobRequest, PackagePin
 from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
 from posttrain_operator.backends.pods.manifests import pod_body
 from posttrain_operator.backends.pods.names import STORE_RO_VOLUME, WHEELS_MOUNT, wheels_subpath
@@ -119,8 +119,11 @@ def test_stage_writes_the_checked_wheels_read_only(tmp_path: Path, speaks_json: 
     dest = tmp_path / "store" / "wheels" / "ns" / "job"
     with serve_index("127.0.0.1", {"ptprobe": [old, new]}) as index:
         index.speaks_json = speaks_json
-        names = stage(index.url, ["ptprobe"], dest, arch="x86_64", max_bytes=1 << 20, timeout=5)
-    assert names == [new.name]
+        pins = stage(index.url, ["ptprobe"], dest, arch="x86_64", max_bytes=1 << 20, timeout=5)
+    digest = hashlib.sha256(new.read_bytes()).hexdigest()
+    assert pins == [PackagePin("ptprobe", "1.1", digest)]
+    assert sorted(p.name for p in dest.iterdir()) == sorted([new.name, "requirements.lock"])
+    assert (dest / "requirements.lock").read_text() == f"ptprobe==1.1 --hash=sha256:{digest}\n"
     staged = dest / new.name
     assert hashlib.sha256(staged.read_bytes()).digest() == hashlib.sha256(new.read_bytes()).digest()
     assert stat.S_IMODE(staged.stat().st_mode) == 0o444
@@ -132,11 +135,9 @@ def test_a_finished_directory_is_reused_without_asking_the_index(tmp_path: Path)
     wheel = build_wheel(tmp_path, "ptprobe", "1.0", "")
     dest = tmp_path / "dest"
     with serve_index("127.0.0.1", {"ptprobe": [wheel]}) as index:
-        stage(index.url, ["ptprobe"], dest, arch="x86_64", max_bytes=1 << 20, timeout=5)
+        pins = stage(index.url, ["ptprobe"], dest, arch="x86_64", max_bytes=1 << 20, timeout=5)
         asked = sum(index.served.values())
-        assert stage(index.url, ["ptprobe"], dest, arch="x86_64", max_bytes=1 << 20, timeout=5) == [
-            wheel.name
-        ]
+        assert stage(index.url, ["ptprobe"], dest, arch="x86_64", max_bytes=1 << 20, timeout=5) == pins
         assert sum(index.served.values()) == asked
 
 
@@ -230,3 +231,75 @@ def test_an_index_pointing_off_http_is_refused(tmp_path: Path, url: str) -> None
         with pytest.raises(StagingError, match="not an http") as caught:
             stage(index.url, ["ptprobe"], tmp_path / "dest", arch="x86_64", max_bytes=1 << 20, timeout=5)
     assert caught.value.transient is False and not (tmp_path / "dest").exists()
+
+
+# --- dependencies ----------------------------------------------------------------------------------
+
+
+def _index(tmp_path: Path, *wheels: tuple[str, str, list[str]]) -> dict[str, list[Path]]:
+    found: dict[str, list[Path]] = {}
+    for name, version, requires in wheels:
+        found.setdefault(name, []).append(build_wheel(tmp_path, name, version, "", requires=requires))
+    return found
+
+
+def _stage(index_url: str, requirements: list[str], dest: Path, provided: dict[str, str]) -> list[PackagePin]:
+    return stage(
+        index_url, requirements, dest, arch="x86_64", max_bytes=1 << 20, timeout=5, provided=provided
+    )
+
+
+EXTRA_ONLY = "ptextra; extra == 'x'"
+
+
+def test_a_requirement_brings_its_dependencies_and_the_image_keeps_its_own(tmp_path: Path) -> None:
+    wheels = _index(
+        tmp_path,
+        ("ptprobe", "1.0", ["ptdep>=2", "torch>=2.0", "ptwin; sys_platform == 'win32'", EXTRA_ONLY]),
+        ("ptdep", "1.5", []),
+        ("ptdep", "2.1", ["ptleaf==0.3", "ptprobe"]),  # a cycle back to the first
+        ("ptleaf", "0.3", []),
+        ("ptleaf", "0.4", []),
+        ("ptwin", "1.0", []),
+        ("ptextra", "1.0", []),
+    )
+    dest = tmp_path / "dest"
+    with serve_index("127.0.0.1", wheels) as index:
+        pins = _stage(index.url, ["ptprobe"], dest, provided={"torch": "2.15.0"})
+    assert [(p.name, p.version) for p in pins] == [("ptprobe", "1.0"), ("ptdep", "2.1"), ("ptleaf", "0.3")]
+    for pin in pins:  # each pinned with the sha256 of the wheel staged
+        (wheel,) = [w for w in wheels[pin.name] if f"-{pin.version}-" in w.name]
+        assert pin.sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
+        lock = (dest / "requirements.lock").read_text()
+        assert f"{pin.name}=={pin.version} --hash=sha256:{pin.sha256}" in lock
+    # torch, which the image holds, the win32-only and the extra's dependency were never asked for.
+    assert not [p for p in index.served if "torch" in p or "ptwin" in p or "ptextra" in p]
+
+
+@pytest.mark.parametrize(
+    ("wheels", "provided", "message"),
+    [
+        ([("ptprobe", "1.0", ["torch<2"])], {"torch": "2.15.0"},
+         "ptprobe 1.0 needs torch<2, but the job's image holds torch 2.15.0"),
+        ([("ptprobe", "1.0", ["ptdep<2", "ptother"]), ("ptdep", "1.0", []),
+          ("ptother", "1.0", ["ptdep>=2"])], {},
+         "ptother 1.0 needs ptdep>=2, but an earlier requirement chose ptdep 1.0"),
+        ([("ptprobe", "1.0", ["ptdep @ https://evil.example/ptdep.whl"])], {}, "is a URL"),
+    ],
+    ids=["replaces-the-image", "conflict", "url-dependency"],
+)  # fmt: skip
+def test_a_dependency_that_cannot_be_met_is_refused_naming_both_sides_and_stages_nothing(
+    tmp_path: Path, wheels: list[tuple[str, str, list[str]]], provided: dict[str, str], message: str
+) -> None:
+    dest = tmp_path / "dest"
+    with serve_index("127.0.0.1", _index(tmp_path, *wheels)) as index, pytest.raises(StagingError) as caught:
+        _stage(index.url, ["ptprobe"], dest, provided)
+    assert message in str(caught.value) and caught.value.transient is False
+    assert not dest.exists()
+
+
+def test_more_wheels_than_a_job_may_have_are_refused(tmp_path: Path) -> None:
+    chain = [(f"ptchain{i}", "1.0", [f"ptchain{i + 1}"]) for i in range(80)]
+    with serve_index("127.0.0.1", _index(tmp_path, *chain)) as index, pytest.raises(StagingError) as caught:
+        _stage(index.url, ["ptchain0"], tmp_path / "dest", {})
+    assert "more than 64 wheels" in str(caught.value)

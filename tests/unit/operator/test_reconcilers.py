@@ -19,7 +19,7 @@ from posttrain_operator.api.rules import (
     format_time,
     new_job_metadata,
 )
-from posttrain_operator.backends.base import BackendError, RemoteStatus
+from posttrain_operator.backends.base import BackendError, PackagePin, RemoteStatus
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Kube
 from posttrain_operator.reconcile.admission import reconcile_agentjob
@@ -621,3 +621,14 @@ async def test_a_task_in_an_environment_image_runs_only_where_the_operator_has_t
     await reconcile_agentjob(world.ctx, NS, "j1")
     (submitted,) = world.backend.jobs.values()
     assert submitted.request.image == "registry.example/posttrain-env-trl:1"
+
+
+async def test_the_wheels_a_backend_resolved_are_recorded_in_the_jobs_status(world: World) -> None:
+    await started(world)
+    world.backend.resolved = (PackagePin("ptprobe", "1.0", "a" * 64), PackagePin("ptdep", "1.2", "b" * 64))
+    world.job(packages=["ptprobe==1.0"])
+    await reconcile_agentjob(world.ctx, NS, "j1")
+    assert world.status("agentjobs", "j1")["packages"] == [
+        {"name": "ptprobe", "version": "1.0", "sha256": "a" * 64},
+        {"name": "ptdep", "version": "1.2", "sha256": "b" * 64},
+    ]

@@ -24,6 +24,7 @@ from posttrain_operator.backends.base import (
     CallStats,
     Handle,
     JobRequest,
+    PackagePin,
     RemoteStatus,
     UnknownFlavor,
     status_label,
@@ -160,8 +161,7 @@ class PodsBackend:
         prefix = request.outputs.prefix if request.outputs else ""
         if request.outputs is not None and not request.outputs.read_only:
             await asyncio.to_thread(prepare_output_dir, self.config.store_path, prefix)
-        if packages:
-            await self._stage_packages(namespace, request.key, packages)
+        pins = await self._stage_packages(namespace, request, packages) if packages else []
         name = body["metadata"]["name"]
         try:
             await self._call(
@@ -183,16 +183,19 @@ class PodsBackend:
                 raise BackendError(
                     f"pod {namespace}/{name} exists for another key ({found_key!r})", transient=False
                 ) from None
-        return Handle(f"{namespace}/{name}", prefix)
+        return Handle(f"{namespace}/{name}", prefix, packages=tuple(pins))
 
-    async def _stage_packages(self, namespace: str, key: str, packages: list[str]) -> None:
+    async def _stage_packages(
+        self, namespace: str, request: JobRequest, packages: list[str]
+    ) -> list[PackagePin]:
         self.stats.count("stage_packages")
         try:
-            await asyncio.to_thread(stage_for_job, self.config, namespace, key, packages)
+            pins = await asyncio.to_thread(stage_for_job, self.config, namespace, request, packages)
         except BackendError as exc:
             self.stats.ended("stage_packages", "transient" if exc.transient else "refused")
             raise
         self.stats.ended("stage_packages", "ok")
+        return pins
 
     async def _ensure_namespace(self, name: str, request: JobRequest) -> None:
         body = namespace_body(self.config, name, request.namespace, request.episode)

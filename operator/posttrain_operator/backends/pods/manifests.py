@@ -19,6 +19,7 @@ from posttrain_operator.backends.pods.names import (
     KEY_LABEL,
     MANAGED_LABEL,
     NETWORK_POLICY,
+    PACKAGE_LOCK_FILE,
     PREFIX_ANNOTATION,
     SCRATCH_VOLUME,
     SHM_VOLUME,
@@ -138,7 +139,12 @@ def _package_env(request: JobRequest) -> list[dict[str, Any]]:
     """pip in the launcher installs the staged wheels and asks no index (the pod has no egress)."""
     if not request.launcher_spec.get("packages"):
         return []
-    return [{"name": "PIP_NO_INDEX", "value": "1"}, {"name": "PIP_FIND_LINKS", "value": WHEELS_MOUNT}]
+    return [
+        {"name": "PIP_NO_INDEX", "value": "1"},
+        {"name": "PIP_FIND_LINKS", "value": WHEELS_MOUNT},
+        # Every staged wheel, dependencies included, pinned with its sha256 (wheels.py).
+        {"name": "POSTTRAIN_PACKAGE_LOCK", "value": f"{WHEELS_MOUNT}/{PACKAGE_LOCK_FILE}"},
+    ]
 
 
 def pod_labels(config: PodsConfig, request: JobRequest) -> dict[str, str]:

@@ -25,6 +25,8 @@ SHM_VOLUME = "shm"
 REPOS_DIR, OUTPUTS_DIR, WHEELS_DIR = "repos", "outputs", "wheels"
 # Where a job pod finds the wheels the operator staged for it (read-only).
 WHEELS_MOUNT = "/opt/posttrain-wheels"
+# What the launcher installs from the staged wheels: each pinned with its sha256 (wheels.py).
+PACKAGE_LOCK_FILE = "requirements.lock"
 _DNS_UNSAFE = re.compile(r"[^a-z0-9-]+")
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _LABEL_OK = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")

@@ -1,14 +1,21 @@
-"""The agent's packages on pods, staged by the operator: a job pod has no egress, so before the pod
-exists the operator picks each requirement's wheel from the package index it is configured with
-(PEP 691 JSON or PEP 503 HTML), checks the index's sha256, and writes it to the store. The pod
-mounts that directory read-only and pip installs from it with no index (`PIP_NO_INDEX`,
-`PIP_FIND_LINKS`), still wheels only and without dependencies, as the launcher's policy says.
+"""The agent's packages on pods, resolved and staged by the operator: a job pod has no egress, so
+before the pod exists the operator picks each requirement's wheel from the package index it is
+configured with (PEP 691 JSON or PEP 503 HTML), checks the index's sha256, reads the wheel's
+dependencies and picks theirs the same way, skipping what the job's image holds (and refusing a
+requirement the image's version does not meet: packages never replace the image's). It writes the
+wheels and `requirements.lock` (each wheel pinned with its sha256) to the store. The pod mounts that
+directory read-only and the launcher installs the lock with no index, hashes required, wheels only,
+without further resolution.
 
-The selection is pure (`choose`); `stage` does the I/O and runs in a thread."""
+Resolution takes, for each project, the newest version the first requirement naming it admits, and
+refuses a later requirement that version does not meet (no backtracking: the refusal names both, and
+the agent can pin). The selection is pure (`choose`, `requires_of`); `stage` does the I/O in a thread."""
 
 from __future__ import annotations
 
+import email.parser
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -16,7 +23,9 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Sequence
+import zipfile
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -26,9 +35,11 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from posttrain_operator.backends.base import BackendError, JobRequest
+from posttrain_operator.api.models import MAX_INSTALLED_PACKAGES
+from posttrain_operator.backends.base import BackendError, JobRequest, PackagePin
+from posttrain_operator.backends.image_packages import provided_packages
 from posttrain_operator.backends.pods.config import PodsConfig
-from posttrain_operator.backends.pods.names import wheels_subpath
+from posttrain_operator.backends.pods.names import PACKAGE_LOCK_FILE, wheels_subpath
 
 # The launcher image's interpreter: CPython 3.11 on Debian bookworm (glibc 2.36).
 PYTHON_VERSION = (3, 11)
@@ -36,6 +47,8 @@ GLIBC = (2, 36)
 _JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 _MAX_PAGE_BYTES = 8 << 20
 _SCHEMES = ("http", "https")
+LOCK_FILE = PACKAGE_LOCK_FILE
+MAX_WHEELS = MAX_INSTALLED_PACKAGES  # one job's packages with their dependencies, as status holds them
 
 
 class StagingError(BackendError):
@@ -147,6 +160,113 @@ def choose(req: Requirement, files: Iterable[IndexFile], tags: Sequence[Tag]) ->
     return best[2]
 
 
+def marker_environment(arch: str) -> dict[str, str]:
+    """PEP 508 marker values of the launcher image's interpreter."""
+    return {
+        "python_version": f"{PYTHON_VERSION[0]}.{PYTHON_VERSION[1]}",
+        "python_full_version": f"{PYTHON_VERSION[0]}.{PYTHON_VERSION[1]}.0",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "os_name": "posix",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": arch,
+        "extra": "",
+    }
+
+
+def requires_of(wheel: bytes, extras: Iterable[str], arch: str) -> list[Requirement]:
+    """The dependencies a wheel's METADATA declares that apply to the launcher's interpreter (with
+    `extras` of it asked for). A dependency given as a URL is refused: only the index is trusted."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(wheel)) as archive:
+            name = next(
+                n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
+            )
+            metadata = email.parser.Parser().parsestr(archive.read(name).decode("utf-8", errors="replace"))
+    except (zipfile.BadZipFile, StopIteration, KeyError) as exc:
+        raise StagingError(f"a wheel without readable METADATA ({exc})", transient=False) from None
+    environment = marker_environment(arch)
+    wanted = ["", *extras]
+    found = []
+    for text in metadata.get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as exc:
+            message = f"a wheel declares an invalid dependency {text!r}: {exc}"
+            raise StagingError(message, transient=False) from None
+        marker = req.marker
+        if marker is not None and not any(marker.evaluate({**environment, "extra": e}) for e in wanted):
+            continue
+        if req.url is not None:
+            message = f"dependency {text!r} is a URL: only the index's wheels are staged"
+            raise StagingError(message, transient=False)
+        found.append(req)
+    return found
+
+
+@dataclass(frozen=True)
+class Staged:
+    pin: PackagePin
+    filename: str
+    data: bytes
+
+
+def resolve(
+    requirements: Sequence[str],
+    project_files: Callable[[str], list[IndexFile]],
+    download: Callable[[IndexFile, int], bytes],
+    *,
+    provided: Mapping[str, str],
+    arch: str,
+    max_bytes: int,
+    max_wheels: int = MAX_WHEELS,
+) -> list[Staged]:
+    """The wheels of `requirements` and of everything they depend on that the image does not hold,
+    breadth first; `download(file, bytes_left)` returns a wheel whose sha256 was checked."""
+    tags = target_tags(arch)
+    queue = deque((parse_requirement(text), "the job") for text in requirements)
+    chosen: dict[str, Staged] = {}
+    left = max_bytes
+    while queue:
+        req, wanted_by = queue.popleft()
+        name = canonicalize_name(req.name)
+        have = provided.get(name) or (chosen[name].pin.version if name in chosen else None)
+        if have is not None:
+            if not req.specifier.contains(have, prereleases=True):
+                where = "the job's image holds" if name in provided else "an earlier requirement chose"
+                raise StagingError(
+                    f"{wanted_by} needs {req}, but {where} {name} {have} (packages never replace the "
+                    "image's; pin a version that fits both)",
+                    transient=False,
+                )
+            continue
+        if len(chosen) == max_wheels:
+            raise StagingError(f"the job's packages need more than {max_wheels} wheels", transient=False)
+        file = choose(req, project_files(name), tags)
+        data = download(file, left)
+        left -= len(data)
+        version = str(parse_wheel_filename(file.filename)[1])
+        assert file.sha256 is not None  # download checked it
+        staged = Staged(PackagePin(name, version, file.sha256.lower()), Path(file.filename).name, data)
+        chosen[name] = staged
+        queue.extend((dep, f"{name} {version}") for dep in requires_of(data, req.extras, arch))
+    return list(chosen.values())
+
+
+def lock_text(staged: Sequence[Staged]) -> str:
+    return "".join(f"{s.pin.name}=={s.pin.version} --hash=sha256:{s.pin.sha256}\n" for s in staged)
+
+
+def read_lock(text: str) -> list[PackagePin]:
+    pins = []
+    for line in text.splitlines():
+        pinned, _, digest = line.partition(" --hash=sha256:")
+        name, _, version = pinned.partition("==")
+        pins.append(PackagePin(name, version, digest))
+    return pins
+
+
 def _get(url: str, timeout: float, max_bytes: int, accept: str = "*/*") -> tuple[bytes, str]:
     # Only the network: an index (or a redirect) naming file:// or ftp:// would read elsewhere.
     if urllib.parse.urlsplit(url).scheme not in _SCHEMES:
@@ -176,33 +296,38 @@ def stage(
     arch: str,
     max_bytes: int,
     timeout: float,
-) -> list[str]:
-    """Download one wheel per requirement into `destination` (made whole or not at all: a directory
-    that exists is an earlier attempt's finished work). Returns the wheels' file names."""
+    provided: Mapping[str, str] | None = None,
+) -> list[PackagePin]:
+    """Resolve `requirements` and download every wheel, with LOCK_FILE, into `destination` (made whole
+    or not at all: a directory that exists is an earlier attempt's finished work). Returns the pins."""
     if destination.is_dir():
-        return sorted(p.name for p in destination.iterdir())
-    tags = target_tags(arch)
+        return read_lock((destination / LOCK_FILE).read_text())
     base = index_url.rstrip("/") + "/"
-    try:
+
+    def project_files(name: str) -> list[IndexFile]:
+        page_url = urllib.parse.urljoin(base, f"{name}/")
+        body, content_type = _get(page_url, timeout, _MAX_PAGE_BYTES, f"{_JSON_TYPE}, text/html;q=0.5")
+        return parse_index_page(body, content_type, page_url)
+
+    def download(file: IndexFile, left: int) -> bytes:
+        if file.sha256 is None:
+            raise StagingError(f"package index gives no sha256 for {file.filename}", transient=False)
+        data, _ = _get(file.url, timeout, left)
+        if hashlib.sha256(data).hexdigest() != file.sha256.lower():
+            raise StagingError(f"{file.filename}: sha256 does not match the index", transient=False)
+        return data
+
+    try:  # first: a store the operator cannot write fails before any download
         destination.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         work = Path(tempfile.mkdtemp(prefix=".staging-", dir=destination.parent))
     except OSError as exc:
         raise StagingError(f"cannot stage wheels on the artifact store: {exc}", transient=False) from None
     try:
-        left = max_bytes
-        for text in requirements:
-            req = parse_requirement(text)
-            page_url = urllib.parse.urljoin(base, f"{canonicalize_name(req.name)}/")
-            body, content_type = _get(page_url, timeout, _MAX_PAGE_BYTES, f"{_JSON_TYPE}, text/html;q=0.5")
-            file = choose(req, parse_index_page(body, content_type, page_url), tags)
-            if file.sha256 is None:
-                raise StagingError(f"package index gives no sha256 for {file.filename}", transient=False)
-            data, _ = _get(file.url, timeout, left)
-            if hashlib.sha256(data).hexdigest() != file.sha256.lower():
-                raise StagingError(f"{file.filename}: sha256 does not match the index", transient=False)
-            left -= len(data)
-            # The index's file name is untrusted too: only its last component, checked as a wheel's.
-            (work / Path(file.filename).name).write_bytes(data)
+        held = provided or {}
+        staged = resolve(requirements, project_files, download, provided=held, arch=arch, max_bytes=max_bytes)
+        for wheel in staged:  # the index's file name is untrusted: only its last component
+            (work / wheel.filename).write_bytes(wheel.data)
+        (work / LOCK_FILE).write_text(lock_text(staged))
         for path in work.iterdir():
             path.chmod(0o444)
         work.chmod(0o755)
@@ -210,7 +335,7 @@ def stage(
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return sorted(p.name for p in destination.iterdir())
+    return [wheel.pin for wheel in staged]
 
 
 def packages_to_stage(config: PodsConfig, request: JobRequest) -> list[str]:
@@ -225,14 +350,18 @@ def packages_to_stage(config: PodsConfig, request: JobRequest) -> list[str]:
     return packages
 
 
-def stage_for_job(config: PodsConfig, episode_namespace: str, key: str, packages: Sequence[str]) -> list[str]:
-    """`stage` with the backend's settings, into the job's directory of the store."""
+def stage_for_job(
+    config: PodsConfig, episode_namespace: str, request: JobRequest, packages: Sequence[str]
+) -> list[PackagePin]:
+    """`stage` with the backend's settings, into the job's directory of the store, against what the
+    job's image holds."""
     assert config.package_index is not None
     return stage(
         config.package_index,
         packages,
-        Path(config.store_path, wheels_subpath(episode_namespace, key)),
+        Path(config.store_path, wheels_subpath(episode_namespace, request.key)),
         arch=config.package_arch,
         max_bytes=config.max_package_bytes,
         timeout=config.request_timeout_seconds,
+        provided=provided_packages(request.environment),
     )
