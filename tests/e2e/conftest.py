@@ -272,16 +272,22 @@ def canary(host_address: str) -> Iterator[Canary]:
         server.close()
 
 
-# The package the pods tests install: a wheel built here, served by an index on this machine.
+# The package the pods tests install: a wheel built here, served by an index on this machine; it
+# depends on a second one, and on numpy, which the launcher's image holds.
 PROBE_PACKAGE, PROBE_VERSION = "ptprobe", "1.0"
+PROBE_DEPENDENCY, PROBE_DEPENDENCY_VERSION = "ptprobedep", "2.0"
 
 
 @pytest.fixture(scope="session")
 def package_index(host_address: str) -> Iterator[PackageIndex]:
     """The operator's package index (`pods.packageIndex`), on the host side of the kind network."""
     wheels = Path(tempfile.mkdtemp(prefix="e2e-wheels-"))
-    wheel = build_wheel(wheels, PROBE_PACKAGE, PROBE_VERSION, "VALUE = 'staged by the operator'\n")
-    with serve_index(host_address, {PROBE_PACKAGE: [wheel]}) as index:
+    source = "from ptprobedep import VALUE\n"
+    requires = [f"{PROBE_DEPENDENCY}>=2", "numpy>=1"]
+    wheel = build_wheel(wheels, PROBE_PACKAGE, PROBE_VERSION, source, requires=requires)
+    value = "VALUE = 'staged by the operator'\n"
+    dependency = build_wheel(wheels, PROBE_DEPENDENCY, PROBE_DEPENDENCY_VERSION, value)
+    with serve_index(host_address, {PROBE_PACKAGE: [wheel], PROBE_DEPENDENCY: [dependency]}) as index:
         yield index
     shutil.rmtree(wheels, ignore_errors=True)
 

@@ -5,6 +5,7 @@ the chart configures, spend settled from the pods' run time at the flavor's pric
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sys
 from typing import Any
@@ -17,6 +18,8 @@ from tests.e2e.conftest import (
     GATEWAY_SERVICE,
     HOLD_LABEL,
     POD_FLAVORS,
+    PROBE_DEPENDENCY,
+    PROBE_DEPENDENCY_VERSION,
     PROBE_PACKAGE,
     PROBE_VERSION,
     REPO,
@@ -269,9 +272,10 @@ def test_a_missing_policy_fails_the_job_closed_before_any_job_code(pods_release:
 def test_packages_are_staged_by_the_operator_and_installed_with_no_egress(
     request: pytest.FixtureRequest, pods_release: Release, package_index: PackageIndex
 ) -> None:
-    """The pod has no egress: the operator fetched the wheel from its index onto the store, the
-    pod installed it from its read-only mount after the egress check passed; a package the index
-    does not have fails its job at submission, before any pod exists."""
+    """The pod has no egress: the operator resolved the package with its dependency (not numpy, which
+    the image holds) from its index onto the store, the pod installed both from its read-only mount
+    after the egress check passed, and the job's status pins each wheel by sha256; a package the
+    index does not have fails its job at submission, before any pod exists."""
     release = pods_release
     script = (
         "import os, ptprobe\nopen(os.environ['POSTTRAIN_OUTPUT_DIR'] + '/value', 'w').write(ptprobe.VALUE)\n"
@@ -295,6 +299,13 @@ def test_packages_are_staged_by_the_operator_and_installed_with_no_egress(
     namespace, pod = status["backendJobId"].split("/")
     staged = store / "wheels" / namespace / pod / wheel
     assert staged.is_file() and not staged.stat().st_mode & 0o222
+    dependency = f"{PROBE_DEPENDENCY}-{PROBE_DEPENDENCY_VERSION}-py3-none-any.whl"
+    digests = {n: hashlib.sha256((store / "wheels" / namespace / pod / n).read_bytes()).hexdigest()
+               for n in (wheel, dependency)}  # fmt: skip
+    assert status["packages"] == [
+        {"name": PROBE_PACKAGE, "version": PROBE_VERSION, "sha256": digests[wheel]},
+        {"name": PROBE_DEPENDENCY, "version": PROBE_DEPENDENCY_VERSION, "sha256": digests[dependency]},
+    ]
     failed = _finished(release, missing)
     assert failed["phase"] == "Failed" and failed["reason"] == "SubmissionFailed", failed
     assert "nosuchpkg" in failed["message"] and "HTTP 404" in failed["message"], failed
