@@ -6,6 +6,7 @@ the gateway import it.
 
 from __future__ import annotations
 
+from graders.job_limits import GiB, JobLimits, MiB
 from graders.tasks import AssetLocation, Task, TaskLimits, TaskPlugin
 
 _ARTIFACT_DESCRIPTION = """\
@@ -98,9 +99,22 @@ def _arithmetic_format_trl(assets: AssetLocation) -> Task:
         "description": description,
         "agent_environment": "trl",
         "allowed_packages": TRL_EXTRA_PACKAGES,
+        "agent_job_limits": CHECKPOINT_JOB,
+        "grader_flavor": "cpu-upgrade",
     }
     return task.model_copy(update=update)
 
+
+# Room for the checkpoints of a real post-training run (a 1.7B model in bf16 is about 3.4 GB, with
+# its optimizer state more), its logs, and a dataset cache.
+CHECKPOINT_JOB = JobLimits(
+    max_output_bytes=16 * GiB,
+    max_file_bytes=8 * GiB,
+    max_log_bytes=4 * MiB,
+    max_log_file_bytes=256 * MiB,
+    max_open_files=4096,
+    scratch_bytes=32 * GiB,
+)
 
 # What a trl job may add to its environment (wheels only, with the image's torch): faster kernels and
 # the reward-side helpers trl's recipes name.

@@ -4,9 +4,11 @@ emulator, the grader scores the submission on the hidden split, and the reward l
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from tests.conftest import Kubectl
 from tests.integration.conftest import (
@@ -16,6 +18,7 @@ from tests.integration.conftest import (
     apply,
     episode_manifest,
     get,
+    running_operator,
     wait_phase,
 )
 from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB, NESTED_ANSWER
@@ -172,3 +175,81 @@ def test_a_job_past_its_tasks_caps_fails_with_the_cap_named_and_a_capped_one_pub
     status = job["status"]
     assert (status["phase"], status["reason"]) == ("Failed", reason), json.dumps(status)[:2000]
     assert [a["path"] for a in status.get("artifacts", [])] == artifacts
+
+
+# A checkpoint as a real run leaves one: the model's files and 5 GiB of optimizer state in two shards,
+# one of 3 GiB, written for real (dense), each under the task's 8 GiB file cap.
+BIG_CHECKPOINT = """
+import os, shutil
+out, model = os.environ["POSTTRAIN_OUTPUT_DIR"], os.environ["POSTTRAIN_INPUT_MODEL"]
+for name in os.listdir(model):
+    shutil.copy(os.path.join(model, name), out)
+chunk = b"\\x5a" * (64 << 20)
+for shard, gib in (("00001", 3), ("00002", 2)):
+    with open(os.path.join(out, f"optimizer-state-{shard}-of-00002.raw"), "wb") as f:
+        for _ in range(gib * 16):
+            f.write(chunk)
+print("wrote", sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out)), flush=True)
+"""
+# Resumes from it: reads its state back (the 3 GiB shard to its last byte) and writes a changed model.
+RESUMED = """
+import os
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+source = os.environ["POSTTRAIN_INPUT_FROM_0"]
+shard = os.path.join(source, "optimizer-state-00001-of-00002.raw")
+with open(shard, "rb") as f:
+    f.seek(-1, os.SEEK_END)
+    assert os.path.getsize(shard) == 3 << 30 and f.read() == b"\\x5a"
+model = AutoModelForCausalLM.from_pretrained(source)
+with torch.no_grad():
+    model.lm_head.weight.mul_(1.0001)
+out = os.environ["POSTTRAIN_OUTPUT_DIR"]
+model.save_pretrained(out)
+AutoTokenizer.from_pretrained(source).save_pretrained(out)
+print("resumed from", os.path.basename(source), "read-only:", not os.access(source, os.W_OK), flush=True)
+"""
+
+
+def test_a_5_gib_checkpoint_chains_into_a_second_job_which_is_graded_on_the_tasks_grader_flavor(
+    cluster: devcluster.ClusterState,
+    crds: None,
+    kubectl: Kubectl,
+    namespace: str,
+    executing_emulator: HfEmulator,
+    tmp_path: Path,
+) -> None:
+    images = json.dumps({"trl": "registry.example/posttrain-env-trl:test"})  # the emulator runs any image
+    environments = {"POSTTRAIN_ENVIRONMENT_IMAGES": images}
+    with running_operator(cluster, executing_emulator, tmp_path, namespace, **environments):
+        apply(kubectl, namespace, episode_manifest("ep1", task="t0_arithmetic_format_trl", budget="0.25"))
+        wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
+        # Generous bounds: 5 GiB written and read back on a slow, busy disk.
+        writer = agentjob_manifest("first", "ep1", script=BIG_CHECKPOINT, timeoutSeconds=1500)
+        apply(kubectl, namespace, writer)
+        ended = {"Succeeded", "Failed", "Rejected"}
+        first = wait_phase(kubectl, namespace, "agentjob", "first", ended, 1500)
+        assert first["status"]["phase"] == "Succeeded", json.dumps(first["status"])[:2000]
+        sizes = {a["path"]: a["size"] for a in first["status"]["artifacts"]}
+        assert sizes["optimizer-state-00001-of-00002.raw"] == 3 << 30 and sum(sizes.values()) > 5 << 30
+
+        apply(kubectl, namespace, agentjob_manifest("second", "ep1", script=RESUMED, timeoutSeconds=900,
+                                                    inputsFrom=["first"]))  # fmt: skip
+        second = wait_phase(kubectl, namespace, "agentjob", "second", ended, 900)
+        assert second["status"]["phase"] == "Succeeded", json.dumps(second["status"])[:2000]
+        assert second["status"]["lineage"] == ["first"]
+
+        check = agentjob_manifest("check", "ep1", purpose="devEval", script="", checkpointFrom="second",
+                                  flavor="cpu-upgrade")  # fmt: skip
+        apply(kubectl, namespace, check)
+        dev = wait_phase(kubectl, namespace, "agentjob", "check", ended, 600)
+        assert dev["status"]["result"]["status"] == "ok", json.dumps(dev["status"])[:2000]
+        episode = _submit(kubectl, namespace, "second")
+    status = episode["status"]
+    assert status["outcome"] == "Scored" and status["reward"] is not None, json.dumps(status)[:2000]
+    score = get(kubectl, namespace, "agentjob", status["scoringJob"])
+    assert score["spec"]["flavor"] == "cpu-upgrade"  # the task's grader flavor, not the episode's first
+    # Every job settled at its billed minutes: the ledger holds no reservation.
+    entries = status["ledger"]["entries"]
+    assert {"first", "second", "check", status["scoringJob"]} <= set(entries)
+    assert all(e.get("settledMicroUSD") is not None for e in entries.values()), entries
