@@ -73,6 +73,13 @@ POD_FLAVORS: dict[str, dict[str, Any]] = {
         "shmSize": "768Mi",
         "priceMicroUSDPerMinute": 167,
     },
+    # The trl task's grader flavor (a bigger one on a real cluster; this node has 2 cores).
+    "cpu-upgrade": {
+        "cpu": "2",
+        "cpuRequest": "250m",
+        "memory": "4Gi",
+        "priceMicroUSDPerMinute": 500,
+    },
     "held": {
         "cpu": "1",
         "cpuRequest": "100m",

@@ -5,6 +5,7 @@ the chart configures, spend settled from the pods' run time at the flavor's pric
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import sys
@@ -14,6 +15,7 @@ import pytest
 from posttrain_operator.api.rules import parse_time
 from posttrain_operator.ledger import billed_seconds, cost_for, reservation_for
 
+from tests.checkpoint_jobs import BIG_CHECKPOINT, RESUMED
 from tests.e2e.conftest import (
     GATEWAY_SERVICE,
     HOLD_LABEL,
@@ -79,7 +81,7 @@ def _assert_settled_from_pod_run_time(release: Release, episode: str) -> dict[st
         seconds = billed_seconds(parse_time(st["startedAt"]), parse_time(st["finishedAt"]))
         assert st["billedSeconds"] == seconds > 0, st
         if job["spec"]["purpose"] != "score":
-            expected += cost_for(PRICE, seconds)
+            expected += cost_for(int(POD_FLAVORS[job["spec"]["flavor"]]["priceMicroUSDPerMinute"]), seconds)
     assert ledger["settledMicroUSD"] == expected, (ledger, [j["status"] for j in jobs])
     return status
 
@@ -195,12 +197,12 @@ def _egress_report(pod: dict[str, Any]) -> dict[str, Any]:
     raise AssertionError(f"no termination message in {pod['status']['containerStatuses']}")
 
 
-def _finished(release: Release, job: str) -> dict[str, Any]:
+def _finished(release: Release, job: str, timeout: float = 600) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         status: dict[str, Any] = release.json("get", "agentjob", job)["status"]
         return status if status.get("phase") in ("Succeeded", "Failed", "Cancelled") else None
 
-    status: dict[str, Any] = wait_for(done, timeout=600, interval=1, what=f"{job} to finish")
+    status: dict[str, Any] = wait_for(done, timeout=timeout, interval=1, what=f"{job} to finish")
     return status
 
 
@@ -502,6 +504,46 @@ def test_a_train_job_in_the_trl_environment_runs_sft_trainer_on_the_tiny_model(
     trained = json.loads(next(line for line in logs["lines"] if line.startswith("sft ")).removeprefix("sft "))
     assert trained["steps"] == 5, trained
     assert "model.safetensors" in {a["path"] for a in status["artifacts"]}
+
+
+def test_a_5_gib_checkpoint_chains_into_a_graded_job_on_pods(pods_release: Release) -> None:
+    """The emulator's checkpoint chain (tests/integration/operator/test_full_episode.py) on pods: the
+    first job's 5 GiB on the store, read by the second through inputsFrom, the second graded on the
+    task's grader flavor; every job settled at its pod's run time."""
+    release = pods_release
+
+    async def chain(gateway: str) -> tuple[str, str, str, dict[str, Any]]:
+        observation = await scripted_sft_agent.reset_episode(
+            gateway, release.orchestrator_token, "t0_arithmetic_format_trl", "pods"
+        )
+        token, episode = observation["metadata"]["agent_token"], observation["episode"]
+        async with scripted_sft_agent.agent_client(gateway, token) as session:
+            call = functools.partial(scripted_sft_agent.call_tool, session)
+            first = (await call("jobs_submit", script=BIG_CHECKPOINT, timeout_seconds=1500))["job"]["name"]
+            await asyncio.to_thread(_finished, release, first, 1500)
+            submitted = await call("jobs_submit", script=RESUMED, timeout_seconds=900, inputs_from=[first])
+            second = submitted["job"]["name"]
+            await asyncio.to_thread(_finished, release, second, 900)
+            check = (await call("dev_evaluate", job=second, timeout_seconds=600))["job"]["name"]
+            await asyncio.to_thread(_finished, release, check, 600)
+            await call("submit", job=second)
+            waited: dict[str, Any] = {"finished": False}
+            while not waited["finished"]:
+                waited = await call("jobs_wait", timeout_seconds=120)
+        return episode, first, second, waited
+
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        episode, first, second, ended = asyncio.run(chain(gateway))
+    assert ended["outcome"] == "Scored" and ended["reward"] is not None, ended
+    written = release.json("get", "agentjob", first)["status"]
+    sizes = {a["path"]: a["size"] for a in written["artifacts"]}
+    assert sizes["optimizer-state-00001-of-00002.raw"] == 3 << 30 and sum(sizes.values()) > 5 << 30
+    resumed = release.json("get", "agentjob", second)["status"]
+    assert resumed["phase"] == "Succeeded" and resumed["lineage"] == [first], resumed
+    status = release.json("get", "episode", episode)["status"]
+    score = release.json("get", "agentjob", status["scoringJob"])
+    assert score["spec"]["flavor"] == "cpu-upgrade"
+    _assert_settled_from_pod_run_time(release, episode)
 
 
 # Last: the longest (a CPU fine-tune of the tiny model).

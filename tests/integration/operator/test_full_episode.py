@@ -10,6 +10,7 @@ import pytest
 
 from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
+from tests.checkpoint_jobs import BIG_CHECKPOINT, RESUMED
 from tests.conftest import Kubectl
 from tests.integration.conftest import (
     REPO,
@@ -175,40 +176,6 @@ def test_a_job_past_its_tasks_caps_fails_with_the_cap_named_and_a_capped_one_pub
     status = job["status"]
     assert (status["phase"], status["reason"]) == ("Failed", reason), json.dumps(status)[:2000]
     assert [a["path"] for a in status.get("artifacts", [])] == artifacts
-
-
-# A checkpoint as a real run leaves one: the model's files and 5 GiB of optimizer state in two shards,
-# one of 3 GiB, written for real (dense), each under the task's 8 GiB file cap.
-BIG_CHECKPOINT = """
-import os, shutil
-out, model = os.environ["POSTTRAIN_OUTPUT_DIR"], os.environ["POSTTRAIN_INPUT_MODEL"]
-for name in os.listdir(model):
-    shutil.copy(os.path.join(model, name), out)
-chunk = b"\\x5a" * (64 << 20)
-for shard, gib in (("00001", 3), ("00002", 2)):
-    with open(os.path.join(out, f"optimizer-state-{shard}-of-00002.raw"), "wb") as f:
-        for _ in range(gib * 16):
-            f.write(chunk)
-print("wrote", sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out)), flush=True)
-"""
-# Resumes from it: reads its state back (the 3 GiB shard to its last byte) and writes a changed model.
-RESUMED = """
-import os
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-source = os.environ["POSTTRAIN_INPUT_FROM_0"]
-shard = os.path.join(source, "optimizer-state-00001-of-00002.raw")
-with open(shard, "rb") as f:
-    f.seek(-1, os.SEEK_END)
-    assert os.path.getsize(shard) == 3 << 30 and f.read() == b"\\x5a"
-model = AutoModelForCausalLM.from_pretrained(source)
-with torch.no_grad():
-    model.lm_head.weight.mul_(1.0001)
-out = os.environ["POSTTRAIN_OUTPUT_DIR"]
-model.save_pretrained(out)
-AutoTokenizer.from_pretrained(source).save_pretrained(out)
-print("resumed from", os.path.basename(source), "read-only:", not os.access(source, os.W_OK), flush=True)
-"""
 
 
 def test_a_5_gib_checkpoint_chains_into_a_second_job_which_is_graded_on_the_tasks_grader_flavor(
