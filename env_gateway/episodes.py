@@ -80,7 +80,8 @@ class Episodes:
             kube.read_episode,
             kube.set_steps,
             lambda b: EpisodeView.parse(b).max_steps,
-            lambda b: self._refusal(EpisodeView.parse(b)),
+            # The step limit is the counter's own (it frees the steps it gives back first).
+            lambda b: self._refusal(EpisodeView.parse(b), steps=False),
         )
 
     async def load(self, ref: EpisodeRef, *, fresh: bool = False) -> EpisodeView:
@@ -140,7 +141,7 @@ class Episodes:
             return self._outcome(episode, name, result=payload)
         except ToolFailure as failure:
             if failure.code == "episode_done" and not episode.done:  # it ended while the tool ran
-                episode = await self._after(episode, fresh=False)
+                episode = await self._after(episode, fresh=True)
             return self._outcome(episode, name, error=failure)
 
     async def _after(self, episode: EpisodeView, *, fresh: bool) -> EpisodeView:
@@ -155,12 +156,12 @@ class Episodes:
                 break
         return episode
 
-    def _refusal(self, episode: EpisodeView) -> ToolFailure | None:
+    def _refusal(self, episode: EpisodeView, *, steps: bool = True) -> ToolFailure | None:
         """Why the episode, as read, takes no more calls; None while it does."""
         if episode.done:
             why = episode.status.message or episode.status.outcome or episode.status.phase
             return ToolFailure("episode_done", f"the episode ended ({why}); no more tool calls")
-        if episode.steps_left <= 0:
+        if steps and episode.steps_left <= 0:
             return ToolFailure(
                 "step_limit_reached", f"step limit reached ({episode.status.steps} of {episode.max_steps})"
             )

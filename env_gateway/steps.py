@@ -130,7 +130,8 @@ class StepCounter:
         for _ in range(CAS_ATTEMPTS):
             steps, max_steps = _steps(body), self._max_steps_of(body)
             refusal = self._refusal_of(body) if batch else None
-            paid = min(queue.owed, steps)
+            # More owed than counted (the count lowered by hand): the excess can never be paid.
+            queue.owed = paid = min(queue.owed, steps)
             granted = 0 if refusal else max(0, min(len(batch), max_steps - steps + paid))
             if granted or paid:
                 after = steps + granted - paid

@@ -73,10 +73,11 @@ LOCK_ENV = "POSTTRAIN_PACKAGE_LOCK"
 
 
 def check_lock(requirements: Sequence[str], lock: str) -> None:
-    """The backend's lock must pin every package the job asked for."""
+    """The backend's lock must pin every package the job asked for, or say that the image holds it
+    (a comment line `# name==version (the image's)`, which pip skips)."""
     try:
         with open(lock, encoding="utf-8") as fh:
-            pinned = {canonicalize_name(line.split("==", 1)[0]) for line in fh if "==" in line}
+            pinned = {canonicalize_name(line.lstrip("# ").split("==", 1)[0]) for line in fh if "==" in line}
     except OSError as exc:
         raise InstallError(f"the backend's package lock {lock} cannot be read: {exc}") from None
     missing = sorted({canonicalize_name(Requirement(r).name) for r in requirements} - pinned)

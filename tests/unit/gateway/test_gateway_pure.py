@@ -299,3 +299,17 @@ def test_the_script_limit_is_bytes_and_a_script_at_it_passes() -> None:
     assert SubmitJobArgs.model_validate({"script": "é" * (128 * 1024)})  # exactly 262,144 bytes
     with pytest.raises(ValidationError, match="larger than 262144 bytes"):
         SubmitJobArgs.model_validate({"script": "é" * (128 * 1024) + "x"})
+
+
+async def test_more_steps_owed_than_counted_are_dropped_not_spun_on() -> None:
+    """A count lowered by hand below what the counter owes back: the excess is dropped, and the
+    flusher ends (it must never loop without awaiting)."""
+    store = FakeStore(steps=1, max_steps=10)
+    counter = counter_of(store)
+    store.wrote.clear()
+    for _ in range(3):
+        counter.give_back("ns", "ep", store.body)
+    await asyncio.wait_for(store.wrote.wait(), 10)
+    assert store.body["status"]["steps"] == 0 and store.writes == [0]
+    written = await asyncio.wait_for(counter.take("ns", "ep", store.body), 10)
+    assert written["status"]["steps"] == 1 and counter._queues == {}

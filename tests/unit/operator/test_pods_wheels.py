@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import stat
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -303,3 +304,29 @@ def test_more_wheels_than_a_job_may_have_are_refused(tmp_path: Path) -> None:
     with serve_index("127.0.0.1", _index(tmp_path, *chain)) as index, pytest.raises(StagingError) as caught:
         _stage(index.url, ["ptchain0"], tmp_path / "dest", {})
     assert "more than 64 wheels" in str(caught.value)
+
+
+def test_a_package_the_image_holds_is_said_so_in_the_lock_and_a_later_extra_brings_its_dependency(
+    tmp_path: Path,
+) -> None:
+    wheels = _index(
+        tmp_path,
+        ("ptprobe", "1.0", ["ptdep", "ptuser"]),
+        ("ptdep", "1.0", ["ptfast; extra == 'fast'"]),
+        ("ptuser", "1.0", ["ptdep[fast]"]),  # asks ptdep, already chosen, for its extra
+        ("ptfast", "1.0", []),
+    )
+    dest = tmp_path / "dest"
+    with serve_index("127.0.0.1", wheels) as index:
+        pins = _stage(index.url, ["ptprobe", "numpy>=2"], dest, provided={"numpy": "2.4.6"})
+    assert [p.name for p in pins] == ["ptprobe", "ptdep", "ptuser", "ptfast"]
+    assert "# numpy==2.4.6 (the image's)\n" in (dest / "requirements.lock").read_text()
+
+
+def test_a_wheel_whose_metadata_would_unpack_past_its_bound_is_refused_unread(tmp_path: Path) -> None:
+    bomb = tmp_path / "ptbomb-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("ptbomb-1.0.dist-info/METADATA", b"Name: ptbomb\n" + b" " * (8 << 20))
+    with serve_index("127.0.0.1", {"ptbomb": [bomb]}) as index, pytest.raises(StagingError) as caught:
+        _stage(index.url, ["ptbomb"], tmp_path / "dest", {})
+    assert "METADATA unpacks to" in str(caught.value) and not (tmp_path / "dest").exists()

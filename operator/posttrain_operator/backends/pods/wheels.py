@@ -175,58 +175,80 @@ def marker_environment(arch: str) -> dict[str, str]:
     }
 
 
-def requires_of(wheel: bytes, extras: Iterable[str], arch: str) -> list[Requirement]:
-    """The dependencies a wheel's METADATA declares that apply to the launcher's interpreter (with
-    `extras` of it asked for). A dependency given as a URL is refused: only the index is trusted."""
+MAX_METADATA_BYTES = 1 << 20  # a wheel's METADATA, as its zip entry says it unpacks
+
+
+def declared_requirements(wheel: bytes) -> list[Requirement]:
+    """Every Requires-Dist of a wheel's METADATA, as declared (markers not yet evaluated). A METADATA
+    that would unpack past MAX_METADATA_BYTES is refused unread: the wheel is untrusted."""
     try:
         with zipfile.ZipFile(io.BytesIO(wheel)) as archive:
-            name = next(
-                n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
+            info = next(
+                i
+                for i in archive.infolist()
+                if i.filename.count("/") == 1 and i.filename.endswith(".dist-info/METADATA")
             )
-            metadata = email.parser.Parser().parsestr(archive.read(name).decode("utf-8", errors="replace"))
-    except (zipfile.BadZipFile, StopIteration, KeyError) as exc:
+            if info.file_size > MAX_METADATA_BYTES:
+                raise StagingError(f"a wheel's METADATA unpacks to {info.file_size} bytes", transient=False)
+            text = archive.read(info).decode("utf-8", errors="replace")
+    except (zipfile.BadZipFile, StopIteration, KeyError, OSError) as exc:
         raise StagingError(f"a wheel without readable METADATA ({exc})", transient=False) from None
-    environment = marker_environment(arch)
-    wanted = ["", *extras]
     found = []
-    for text in metadata.get_all("Requires-Dist") or []:
+    for line in email.parser.Parser().parsestr(text).get_all("Requires-Dist") or []:
         try:
-            req = Requirement(text)
+            req = Requirement(line)
         except InvalidRequirement as exc:
-            message = f"a wheel declares an invalid dependency {text!r}: {exc}"
+            message = f"a wheel declares an invalid dependency {line!r}: {exc}"
             raise StagingError(message, transient=False) from None
-        marker = req.marker
-        if marker is not None and not any(marker.evaluate({**environment, "extra": e}) for e in wanted):
-            continue
         if req.url is not None:
-            message = f"dependency {text!r} is a URL: only the index's wheels are staged"
+            message = f"dependency {line!r} is a URL: only the index's wheels are staged"
             raise StagingError(message, transient=False)
         found.append(req)
     return found
 
 
-@dataclass(frozen=True)
+def applying(declared: Iterable[Requirement], extras: Iterable[str], arch: str) -> list[Requirement]:
+    """The declared dependencies that apply to the launcher's interpreter with `extras` asked for."""
+    environment = marker_environment(arch)
+    wanted = ["", *extras]
+    return [
+        req
+        for req in declared
+        if req.marker is None or any(req.marker.evaluate({**environment, "extra": e}) for e in wanted)
+    ]
+
+
+def requires_of(wheel: bytes, extras: Iterable[str], arch: str) -> list[Requirement]:
+    return applying(declared_requirements(wheel), extras, arch)
+
+
+@dataclass
 class Staged:
     pin: PackagePin
     filename: str
-    data: bytes
+    declared: list[Requirement]
+    extras: set[str]
 
 
 def resolve(
     requirements: Sequence[str],
     project_files: Callable[[str], list[IndexFile]],
     download: Callable[[IndexFile, int], bytes],
+    keep: Callable[[str, bytes], None],
     *,
     provided: Mapping[str, str],
     arch: str,
     max_bytes: int,
     max_wheels: int = MAX_WHEELS,
-) -> list[Staged]:
+) -> tuple[list[Staged], dict[str, str]]:
     """The wheels of `requirements` and of everything they depend on that the image does not hold,
-    breadth first; `download(file, bytes_left)` returns a wheel whose sha256 was checked."""
+    breadth first, each handed to `keep(filename, data)` as it arrives (one wheel in memory at a
+    time); `download(file, bytes_left)` returns a wheel whose sha256 was checked. Also returns what
+    the job asked for that the image holds (name -> its version)."""
     tags = target_tags(arch)
     queue = deque((parse_requirement(text), "the job") for text in requirements)
     chosen: dict[str, Staged] = {}
+    held: dict[str, str] = {}
     left = max_bytes
     while queue:
         req, wanted_by = queue.popleft()
@@ -240,6 +262,17 @@ def resolve(
                     "image's; pin a version that fits both)",
                     transient=False,
                 )
+            if name in provided:
+                if wanted_by == "the job":
+                    held[name] = have
+            elif not req.extras <= chosen[name].extras:  # extras of a chosen wheel bring more
+                staged = chosen[name]
+                new = req.extras - staged.extras
+                staged.extras |= new
+                origin = f"{name}[{','.join(sorted(new))}]"
+                already = {str(d) for d in applying(staged.declared, (), arch)}
+                more = [d for d in applying(staged.declared, new, arch) if str(d) not in already]
+                queue.extend((d, origin) for d in more)
             continue
         if len(chosen) == max_wheels:
             raise StagingError(f"the job's packages need more than {max_wheels} wheels", transient=False)
@@ -248,19 +281,28 @@ def resolve(
         left -= len(data)
         version = str(parse_wheel_filename(file.filename)[1])
         assert file.sha256 is not None  # download checked it
-        staged = Staged(PackagePin(name, version, file.sha256.lower()), Path(file.filename).name, data)
-        chosen[name] = staged
-        queue.extend((dep, f"{name} {version}") for dep in requires_of(data, req.extras, arch))
-    return list(chosen.values())
+        declared = declared_requirements(data)
+        filename = Path(file.filename).name  # the index's file name is untrusted: its last component
+        keep(filename, data)
+        pin = PackagePin(name, version, file.sha256.lower())
+        chosen[name] = Staged(pin, filename, declared, set(req.extras))
+        queue.extend((dep, f"{name} {version}") for dep in applying(declared, req.extras, arch))
+    return list(chosen.values()), held
 
 
-def lock_text(staged: Sequence[Staged]) -> str:
-    return "".join(f"{s.pin.name}=={s.pin.version} --hash=sha256:{s.pin.sha256}\n" for s in staged)
+def lock_text(pins: Sequence[PackagePin], held: Mapping[str, str]) -> str:
+    """Each staged wheel pinned with its hash; what the job asked for that the image holds, as
+    comments pip skips and the launcher reads (packages.check_lock)."""
+    lines = [f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in pins]
+    lines += [f"# {name}=={version} (the image's)\n" for name, version in sorted(held.items())]
+    return "".join(lines)
 
 
 def read_lock(text: str) -> list[PackagePin]:
     pins = []
     for line in text.splitlines():
+        if line.startswith("#"):
+            continue
         pinned, _, digest = line.partition(" --hash=sha256:")
         name, _, version = pinned.partition("==")
         pins.append(PackagePin(name, version, digest))
@@ -288,6 +330,10 @@ def _get(url: str, timeout: float, max_bytes: int, accept: str = "*/*") -> tuple
     return data, content_type
 
 
+def _keep(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+
+
 def stage(
     index_url: str,
     requirements: Sequence[str],
@@ -300,8 +346,10 @@ def stage(
 ) -> list[PackagePin]:
     """Resolve `requirements` and download every wheel, with LOCK_FILE, into `destination` (made whole
     or not at all: a directory that exists is an earlier attempt's finished work). Returns the pins."""
-    if destination.is_dir():
+    if (destination / LOCK_FILE).is_file():
         return read_lock((destination / LOCK_FILE).read_text())
+    if destination.is_dir():  # staged before locks were written: stage it again
+        shutil.rmtree(destination)
     base = index_url.rstrip("/") + "/"
 
     def project_files(name: str) -> list[IndexFile]:
@@ -323,11 +371,12 @@ def stage(
     except OSError as exc:
         raise StagingError(f"cannot stage wheels on the artifact store: {exc}", transient=False) from None
     try:
-        held = provided or {}
-        staged = resolve(requirements, project_files, download, provided=held, arch=arch, max_bytes=max_bytes)
-        for wheel in staged:  # the index's file name is untrusted: only its last component
-            (work / wheel.filename).write_bytes(wheel.data)
-        (work / LOCK_FILE).write_text(lock_text(staged))
+        staged, held = resolve(
+            requirements, project_files, download, lambda name, data: _keep(work / name, data),
+            provided=provided or {}, arch=arch, max_bytes=max_bytes,
+        )  # fmt: skip
+        pins = [wheel.pin for wheel in staged]
+        (work / LOCK_FILE).write_text(lock_text(pins, held))
         for path in work.iterdir():
             path.chmod(0o444)
         work.chmod(0o755)
@@ -335,7 +384,7 @@ def stage(
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return [wheel.pin for wheel in staged]
+    return pins
 
 
 def packages_to_stage(config: PodsConfig, request: JobRequest) -> list[str]:
