@@ -15,6 +15,7 @@ namespace still ends every process, and the launcher's rlimits still bound each 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -22,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 REQUIRED = ("memory", "pids")
 OPTIONAL = ("cpu", "cpuacct")
 CFS_PERIOD_US = 100_000
@@ -141,6 +143,16 @@ class JobCgroup:
                 directory.rmdir()
 
 
+def _set_cpu_quota(directory: Path, cores: int) -> None:
+    """A CFS quota of `cores`; left unbounded, with a warning, where the kernel refuses it (v1 refuses a
+    child's quota above its parent's, as in a container limited to fewer cores than it sees)."""
+    try:
+        (directory / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+        (directory / "cpu.cfs_quota_us").write_text(str(cores * CFS_PERIOD_US))
+    except OSError as exc:
+        log.warning("job cgroup %s: no CPU quota of %d cores (%s): unbounded", directory, cores, exc)
+
+
 def _kill_member(pid: int, cgroup_dir: Path) -> None:
     try:
         fd = os.pidfd_open(pid)
@@ -203,8 +215,7 @@ class CgroupRoot:
                 (memory / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
             (cgroup.dirs["pids"] / "pids.max").write_text(str(max_processes))
             if "cpu" in cgroup.dirs:
-                (cgroup.dirs["cpu"] / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
-                (cgroup.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(cpu_cores * CFS_PERIOD_US))
+                _set_cpu_quota(cgroup.dirs["cpu"], cpu_cores)
         except OSError:
             cgroup.remove()
             raise

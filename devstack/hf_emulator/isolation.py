@@ -204,8 +204,10 @@ class Isolation:
         binds += [Bind(str(p), str(p)) for p in read_only]
         if cgroup is not None:
             # Read-only, as a container runtime shows a container its cgroup (the jail's cgroup
-            # namespace makes it the root): the launcher sees the memory limit that holds the job.
+            # namespace makes it the root): the launcher sees the memory limit that holds the job,
+            # and is told the cgroup is the job's own.
             binds.append(Bind(str(cgroup.dirs["memory"]), CGROUP_MEMORY_VIEW))
+            env = {**env, "POSTTRAIN_MEMORY_CGROUP": "job"}
         view = job_dir / "view"
         view.mkdir(mode=0o700, exist_ok=True)
         return JailSpec(

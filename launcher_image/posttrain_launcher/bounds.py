@@ -18,6 +18,10 @@ from collections.abc import Mapping
 from .spec import Limits
 
 MEMORY_ENV = "MEMORY"
+# Set by a backend whose cgroup holds this one job alone (the pods backend's container, the emulator's
+# job cgroup): only then may that cgroup's limit stand in for RLIMIT_DATA. A cgroup shared with other
+# jobs (a CI container, an emulator without job cgroups) bounds them together, not this job.
+MEMORY_CGROUP_ENV = "POSTTRAIN_MEMORY_CGROUP"
 CPU_CORES_ENV = "CPU_CORES"
 # RLIMIT_NPROC counts threads too: torch alone starts two pools of one thread per core per process.
 PROCESSES_PER_CPU = 256
@@ -56,7 +60,7 @@ class Bounds:
         return None if self.by_cgroup else self.memory_bytes
 
     def describe(self) -> str:
-        where = "its cgroup's limit" if self.by_cgroup else "RLIMIT_DATA per process (no cgroup limit seen)"
+        where = "its cgroup's limit" if self.by_cgroup else "RLIMIT_DATA per process (no cgroup of its own)"
         return f"memory: {self.memory_bytes} bytes, held by {where}; processes: {self.processes}"
 
 
@@ -137,6 +141,8 @@ def derive_bounds(environ: Mapping[str, str], limits: Limits, cgroup_limit: int 
             "and the spec has no limits.max_processes"
         )
     memory_bytes = min(memory)
-    # The cgroup holds the job only if it holds it to the bound or lower (a spec may ask for less).
-    by_cgroup = cgroup_limit is not None and cgroup_limit <= memory_bytes
+    # The cgroup holds the job only if it is the job's own and holds it to the bound or lower (a spec
+    # may ask for less).
+    own = environ.get(MEMORY_CGROUP_ENV) == "job"
+    by_cgroup = own and cgroup_limit is not None and cgroup_limit <= memory_bytes
     return Bounds(processes=min(processes), memory_bytes=memory_bytes, by_cgroup=by_cgroup)

@@ -142,8 +142,11 @@ def test_the_cgroup_memory_limit_is_read_where_the_kernel_shows_it(
 
 
 def test_a_cgroup_holding_the_job_to_its_bound_replaces_rlimit_data() -> None:
-    flavor = {"MEMORY": "16Gi", "CPU_CORES": "2"}
+    flavor = {"MEMORY": "16Gi", "CPU_CORES": "2", "POSTTRAIN_MEMORY_CGROUP": "job"}
     held = derive_bounds(flavor, Limits(), cgroup_limit=16 << 30)
+    # A cgroup the backend does not call the job's own (shared with other jobs) never stands in.
+    shared = {k: v for k, v in flavor.items() if k != "POSTTRAIN_MEMORY_CGROUP"}
+    assert derive_bounds(shared, Limits(), cgroup_limit=8 << 30).memory_rlimit == 16 << 30
     assert held.by_cgroup and held.memory_rlimit is None and held.memory_bytes == 16 << 30
     # No cgroup limit, or one above the bound (a spec asking for less than the flavor): RLIMIT_DATA.
     assert derive_bounds(flavor, Limits(), cgroup_limit=None).memory_rlimit == 16 << 30

@@ -212,12 +212,14 @@ def test_pod_env_holds_the_job_spec_the_flavor_and_nothing_secret() -> None:
         "HOME",
         "MEMORY",
         "CPU_CORES",
+        "POSTTRAIN_MEMORY_CGROUP",
         "POSTTRAIN_EGRESS_PROBES",
         "POSTTRAIN_EGRESS_BOUND_SECONDS",
         "POSTTRAIN_EGRESS_REPORT",
         "POSTTRAIN_NODE_IP",
     }
     assert env["POSTTRAIN_JOB_SPEC"] == '{"version":1,"role":"agent","script":"print(1)"}'
+    assert env["POSTTRAIN_MEMORY_CGROUP"] == "job"  # the container's cgroup holds this job alone
     # The launcher's process and memory bounds come from the container's own limits.
     refs = {
         e["name"]: e["valueFrom"]["resourceFieldRef"]

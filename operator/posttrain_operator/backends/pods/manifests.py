@@ -289,6 +289,8 @@ def _container(
             # The flavor, as HF Jobs states it; the launcher derives its rlimits from it.
             _resource_env("MEMORY", "limits.memory"),
             _resource_env("CPU_CORES", "limits.cpu"),
+            # The container's cgroup holds this job alone: its memory limit bounds the job.
+            {"name": "POSTTRAIN_MEMORY_CGROUP", "value": "job"},
             *_egress_env(config),
             *_package_env(request),
         ],
