@@ -132,7 +132,14 @@ class Episodes:
             episode = EpisodeView.parse(written)
             try:
                 result = await spec.run(ToolContext(self.kube, self.broker, self.settings, episode), args)
-            except Unavailable:
+            except Unavailable as exc:
+                if exc.maybe_applied and not spec.read_only:
+                    # Its write may have landed: the call counts, and a retry could do it twice.
+                    raise ToolFailure(
+                        "outcome_unknown",
+                        f"the platform failed while this call was writing ({exc.detail}); it may have "
+                        "taken effect: look (jobs_status, task_info) before calling it again",
+                    ) from exc
                 self.steps.give_back(episode.namespace, episode.name, written)
                 raise
             if name not in READ_ONLY:  # what the tool changed, from the API server if it wrote

@@ -52,12 +52,14 @@ class Unavailable(Exception):
     """The API server could not be asked, or answered about itself rather than the request: it is
     restarting or away (no connection, 5xx), overloaded past our patience (429), or cannot yet
     authenticate or authorize the gateway's own identity (401/403 while a starting server loads its
-    RBAC). Nothing the caller did: the same call may succeed after `retry_after_seconds`. A write that
-    failed this way after it was sent may still have taken effect."""
+    RBAC). Nothing the caller did: the same call may succeed after `retry_after_seconds`.
+    `maybe_applied`: the request may have reached the server and taken effect (its answer was lost,
+    or the server failed while serving it); False when it was never sent or refused before it acted."""
 
-    def __init__(self, detail: str, retry_after_seconds: float) -> None:
+    def __init__(self, detail: str, retry_after_seconds: float, *, maybe_applied: bool = False) -> None:
         super().__init__(detail)
         self.detail = detail
+        self.maybe_applied = maybe_applied
         self.retry_after_seconds = retry_after_seconds
 
 
@@ -103,7 +105,7 @@ def _retry_then_type_failures(rest_client: Any) -> None:
                 if exc.status == 429 and attempt < TOO_MANY_REQUESTS_ATTEMPTS:
                     await asyncio.sleep(_retry_after(exc))
                     continue
-                if exc.status in UNAVAILABLE_STATUSES:
+                if exc.status in UNAVAILABLE_STATUSES and not _refused_by_policy(exc):
                     raise unavailable(exc) from exc
                 raise
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -113,15 +115,26 @@ def _retry_then_type_failures(rest_client: Any) -> None:
     rest_client.request = request
 
 
+def _refused_by_policy(exc: ApiException) -> bool:
+    """A 403 about the request itself (a ResourceQuota, an admission webhook or policy), not the
+    gateway's identity: RBAC's refusals say the user "cannot" do the verb."""
+    return exc.status == 403 and "cannot " not in str(exc.body)
+
+
 def unavailable(exc: Exception) -> Unavailable:
     if isinstance(exc, ApiException):
         if exc.status in (401, 403):
             # The gateway's own identity refused: a starting server, or RBAC the chart did not grant.
             log.error("the API server refused the gateway's identity (%s %s)", exc.status, exc.reason)
         retry_after = _retry_after(exc) if exc.status in (429, 503) else UNAVAILABLE_RETRY_AFTER_SECONDS
-        return Unavailable(f"the Kubernetes API answered {exc.status} {exc.reason}", retry_after)
+        # 401, 403, 429 and 503 refuse before acting; 500, 502 and 504 may come after the write.
+        applied = exc.status in (500, 502, 504)
+        detail = f"the Kubernetes API answered {exc.status} {exc.reason}"
+        return Unavailable(detail, retry_after, maybe_applied=applied)
     detail = f"the Kubernetes API is unreachable ({type(exc).__name__})"
-    return Unavailable(detail, UNAVAILABLE_RETRY_AFTER_SECONDS)
+    # No connection: nothing was sent. A lost answer (timeout, disconnect): the write may have landed.
+    applied = not isinstance(exc, aiohttp.ClientConnectorError)
+    return Unavailable(detail, UNAVAILABLE_RETRY_AFTER_SECONDS, maybe_applied=applied)
 
 
 def _retry_after(exc: ApiException) -> float:
@@ -347,13 +360,13 @@ class Kube:
         return await wait_any(store, names, done, seconds)
 
     async def create(self, namespace: str, plural: str, body: Obj) -> Obj:
-        """Raises Refused when the schema refuses the object (400/422)."""
+        """Raises Refused when the schema, a quota or an admission policy refuses the object."""
         try:
             created: Obj = await self.custom.create_namespaced_custom_object(
                 GROUP, VERSION, namespace, plural, body
             )
         except ApiException as exc:
-            if exc.status in (400, 422):
+            if exc.status in (400, 403, 422):  # 403 here: a quota or an admission policy
                 raise Refused.of(exc) from exc
             raise
         return self._keep(namespace, plural, created)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import gc
+import json
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 
@@ -18,7 +21,7 @@ from env_gateway.auth import bearer, orchestrator_credential
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
 from env_gateway.http_mcp import host_allowed
-from env_gateway.kube import Conflict, Unavailable
+from env_gateway.kube import Conflict, Unavailable, _retry_then_type_failures
 from env_gateway.main import _frozen_heap
 from env_gateway.schemas import JobsWaitArgs, Outcome, SubmitJobArgs, ToolFailure
 from env_gateway.steps import CallRefused, StepCounter, StepLimitReached
@@ -313,3 +316,50 @@ async def test_more_steps_owed_than_counted_are_dropped_not_spun_on() -> None:
     assert store.body["status"]["steps"] == 0 and store.writes == [0]
     written = await asyncio.wait_for(counter.take("ns", "ep", store.body), 10)
     assert written["status"]["steps"] == 1 and counter._queues == {}
+
+
+FAILURE_IDS = ["no-connection", "disconnected", "timeout", "503", "504", "rbac-403", "quota-403"]
+FAILURE_IDS += ["404", "409", "422"]
+QUOTA_DENIAL = "exceeded quota: agentjobs, requested: count/agentjobs.posttrain.dev=1"
+RBAC_DENIAL = 'User "system:serviceaccount:ns:gw" cannot patch resource "episodes"'
+
+
+def _forbidden(message: str) -> ApiException:
+    exc = ApiException(status=403, reason="Forbidden")
+    exc.body = json.dumps({"kind": "Status", "reason": "Forbidden", "message": f"x is forbidden: {message}"})
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("failure", "typed", "applied"),
+    [
+        (aiohttp.ClientConnectorError(None, OSError(111, "refused")), Unavailable, False),  # never sent
+        (aiohttp.ServerDisconnectedError(), Unavailable, True),  # the answer was lost
+        (TimeoutError(), Unavailable, True),
+        (ApiException(status=503, reason="Service Unavailable"), Unavailable, False),
+        (ApiException(status=504, reason="Gateway Timeout"), Unavailable, True),
+        (_forbidden(RBAC_DENIAL), Unavailable, False),
+        (_forbidden(QUOTA_DENIAL), ApiException, None),
+        (ApiException(status=404, reason="Not Found"), ApiException, None),
+        (ApiException(status=409, reason="Conflict"), ApiException, None),
+        (ApiException(status=422, reason="Unprocessable Entity"), ApiException, None),
+    ],
+    ids=FAILURE_IDS,
+)
+async def test_the_api_clients_failures_are_typed_unavailable_only_when_about_the_server(
+    failure: Exception, typed: type[Exception], applied: bool | None
+) -> None:
+    """What the server says about itself (away, failing, not yet authorizing the gateway) is
+    Unavailable, saying whether a write may have landed; what it says about the request stays the
+    client's answer, for Kube to map."""
+
+    class Rest:
+        async def request(self, *args: Any, **kwargs: Any) -> Any:
+            raise failure
+
+    rest = Rest()
+    _retry_then_type_failures(rest)
+    with pytest.raises(typed) as caught:
+        await rest.request("POST", "https://api.example")
+    if isinstance(caught.value, Unavailable):
+        assert caught.value.maybe_applied is applied
