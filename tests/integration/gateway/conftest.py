@@ -112,9 +112,7 @@ def gateway(
     cluster: devcluster.ClusterState, namespace: str, operator: OperatorProcess, gateway_sa_token: Path
 ) -> Iterator[GatewayServer]:
     """The gateway beside an operator whose emulated jobs run no process (2 s each)."""
-    token = secrets.token_urlsafe(24)
-    for url in serve(_settings(namespace, operator, gateway_sa_token, cluster, token)):
-        yield GatewayServer(url, token, namespace)
+    yield from gateway_beside(operator, cluster, namespace, gateway_sa_token)
 
 
 @pytest.fixture
@@ -125,8 +123,15 @@ def executing_gateway(
     gateway_sa_token: Path,
 ) -> Iterator[GatewayServer]:
     """The gateway beside an operator whose jobs really run under the launcher (real grading)."""
+    yield from gateway_beside(executing_operator, cluster, namespace, gateway_sa_token)
+
+
+def gateway_beside(
+    op: OperatorProcess, cluster: devcluster.ClusterState, namespace: str, token_file: Path
+) -> Iterator[GatewayServer]:
+    """A gateway served beside `op`, with an orchestrator token of its own."""
     token = secrets.token_urlsafe(24)
-    for url in serve(_settings(namespace, executing_operator, gateway_sa_token, cluster, token)):
+    for url in serve(_settings(namespace, op, token_file, cluster, token)):
         yield GatewayServer(url, token, namespace)
 
 

@@ -6,7 +6,6 @@ nothing created for it."""
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from tests.integration.conftest import (
     wait_phase,
 )
 from tests.integration.gateway.agent_steps import result
-from tests.integration.gateway.conftest import GatewayServer, _settings, orchestrator, serve, snapshot
+from tests.integration.gateway.conftest import GatewayServer, gateway_beside, orchestrator, snapshot
 
 TASK = "t0_arithmetic_format_trl"
 IMAGE = "registry.example/posttrain-env-trl:test"
@@ -44,9 +43,7 @@ def trl_operator(
 def trl_gateway(
     cluster: devcluster.ClusterState, namespace: str, trl_operator: OperatorProcess, gateway_sa_token: Path
 ) -> Iterator[GatewayServer]:
-    token = secrets.token_urlsafe(24)
-    for url in serve(_settings(namespace, trl_operator, gateway_sa_token, cluster, token)):
-        yield GatewayServer(url, token, namespace)
+    yield from gateway_beside(trl_operator, cluster, namespace, gateway_sa_token)
 
 
 async def test_an_operator_without_the_tasks_image_refuses_its_episode_at_start(
