@@ -330,3 +330,13 @@ def test_a_wheel_whose_metadata_would_unpack_past_its_bound_is_refused_unread(tm
     with serve_index("127.0.0.1", {"ptbomb": [bomb]}) as index, pytest.raises(StagingError) as caught:
         _stage(index.url, ["ptbomb"], tmp_path / "dest", {})
     assert "METADATA unpacks to" in str(caught.value) and not (tmp_path / "dest").exists()
+
+
+def test_markers_are_evaluated_for_the_launchers_interpreter_not_the_operators() -> None:
+    from packaging.markers import default_environment
+    from posttrain_operator.backends.pods.wheels import marker_environment
+
+    environment = marker_environment("aarch64")
+    assert set(default_environment()) <= set(environment)  # nothing left to the operator's own
+    assert environment["python_full_version"].startswith("3.11.")
+    assert environment["platform_machine"] == "aarch64"

@@ -43,6 +43,7 @@ from posttrain_operator.backends.pods.names import PACKAGE_LOCK_FILE, wheels_sub
 
 # The launcher image's interpreter: CPython 3.11 on Debian bookworm (glibc 2.36).
 PYTHON_VERSION = (3, 11)
+PYTHON_FULL_VERSION = "3.11.14"  # the launcher image's default base, python:3.11.14-slim-bookworm
 GLIBC = (2, 36)
 _JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 _MAX_PAGE_BYTES = 8 << 20
@@ -161,10 +162,15 @@ def choose(req: Requirement, files: Iterable[IndexFile], tags: Sequence[Tag]) ->
 
 
 def marker_environment(arch: str) -> dict[str, str]:
-    """PEP 508 marker values of the launcher image's interpreter."""
+    """PEP 508 marker values of the launcher image's interpreter, every one of them (packaging would
+    fill a missing one from the operator's own interpreter)."""
+    full = PYTHON_FULL_VERSION
     return {
         "python_version": f"{PYTHON_VERSION[0]}.{PYTHON_VERSION[1]}",
-        "python_full_version": f"{PYTHON_VERSION[0]}.{PYTHON_VERSION[1]}.0",
+        "python_full_version": full,
+        "implementation_version": full,
+        "platform_release": "",
+        "platform_version": "",
         "implementation_name": "cpython",
         "platform_python_implementation": "CPython",
         "os_name": "posix",
