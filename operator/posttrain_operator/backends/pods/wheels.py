@@ -9,7 +9,8 @@ without further resolution.
 
 Resolution takes, for each project, the newest version the first requirement naming it admits, and
 refuses a later requirement that version does not meet (no backtracking: the refusal names both, and
-the agent can pin). The selection is pure (`choose`, `requires_of`); `stage` does the I/O in a thread."""
+the agent can pin). The selection is pure (`choose`, `declared_requirements`, `applying`); `stage`
+does the I/O in a thread."""
 
 from __future__ import annotations
 
@@ -224,14 +225,9 @@ def applying(declared: Iterable[Requirement], extras: Iterable[str], arch: str) 
     ]
 
 
-def requires_of(wheel: bytes, extras: Iterable[str], arch: str) -> list[Requirement]:
-    return applying(declared_requirements(wheel), extras, arch)
-
-
 @dataclass
 class Staged:
     pin: PackagePin
-    filename: str
     declared: list[Requirement]
     extras: set[str]
 
@@ -291,7 +287,7 @@ def resolve(
         filename = Path(file.filename).name  # the index's file name is untrusted: its last component
         keep(filename, data)
         pin = PackagePin(name, version, file.sha256.lower())
-        chosen[name] = Staged(pin, filename, declared, set(req.extras))
+        chosen[name] = Staged(pin, declared, set(req.extras))
         queue.extend((dep, f"{name} {version}") for dep in applying(declared, req.extras, arch))
     return list(chosen.values()), held
 
