@@ -195,15 +195,22 @@ def bound(environ: Mapping[str, str]) -> float:
 def verify(environ: Mapping[str, str]) -> Outcome:
     """The check as the launcher runs it in a pod. Raises EgressConfigError on a bad probe list."""
     probes = probes_for(environ, _read("/etc/resolv.conf"), _read("/proc/net/route"))
-    outcome = check(probes, bound(environ))
+    return check(probes, bound(environ))
+
+
+def write_report(environ: Mapping[str, str], outcome: Outcome, network: Mapping[str, object] | None) -> None:
+    """The outcome, and the job's network once the launcher has set it up (None: no job code ran)."""
     path = environ.get(REPORT_ENV)
-    if path:
-        try:
-            with open(path, "w", encoding="utf-8") as fh:
-                json.dump(outcome.report(), fh)
-        except OSError:
-            pass  # the report is for users; the exit code is what the operator acts on
-    return outcome
+    if not path:
+        return
+    report = outcome.report()
+    if network is not None:
+        report["network"] = dict(network)
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(report, fh)
+    except OSError:
+        pass  # the report is for users; the exit code is what the operator acts on
 
 
 def open_reason(outcome: Outcome) -> str:
@@ -220,4 +227,5 @@ __all__ = [
     "open_reason",
     "probes_for",
     "verify",
+    "write_report",
 ]

@@ -80,7 +80,7 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
         spec = load_spec(environ)
         requirements = packages.check_requirements(spec.packages)
         bounds = derive_bounds(environ, spec.limits, cgroup_memory_limit())
-        net = network.decide(spec.network, network.interfaces())
+        net = network.establish(spec.network)
     except (SpecError, packages.PackagePolicyError, BoundsError, network.NetworkRefused) as exc:
         raise Refusal(str(exc)) from None
 
@@ -337,13 +337,15 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     if args:
         _say("error: no arguments are taken; the job comes from POSTTRAIN_JOB_SPEC")
         return EXIT_REFUSED
-    if egress.enabled(env):  # before anything of the job, its packages included
+    outcome = None
+    if egress.enabled(env):  # before anything of the job, its packages and its network included
         try:
             outcome = egress.verify(env)
         except egress.EgressConfigError as exc:
             _say(f"error: {exc}")
             return EXIT_REFUSED
         if not outcome.verified:
+            egress.write_report(env, outcome, network=None)
             _say(f"error: {egress.open_reason(outcome)}")
             return egress.EXIT_EGRESS_OPEN
         _say(
@@ -353,8 +355,12 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     try:
         job = prepare(env)
     except Refusal as exc:
+        if outcome is not None:
+            egress.write_report(env, outcome, network=None)
         _say(f"error: {exc}")
         return EXIT_REFUSED
+    if outcome is not None:
+        egress.write_report(env, outcome, network=job.network.report())
     _say(job.network.describe())
     _say(job.bounds.describe())
     try:

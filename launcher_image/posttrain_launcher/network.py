@@ -1,22 +1,28 @@
 """What a job may do on the network.
 
 - `unix` (every backend): no socket but AF_UNIX. Nothing can leave the job, whatever its network.
-- `loopback` (where the backend gives each job a network namespace holding `lo` alone): TCP and UDP
-  sockets too, and route-netlink reads (getifaddrs), for what torch.distributed, NCCL's bootstrap,
-  vLLM and TRL open on 127.0.0.1. The namespace is the guarantee: with no interface but `lo` there is
-  no route off the box, and the job cannot add one (no capability in that namespace, and the filter
-  refuses every new namespace). The filter still refuses raw and packet sockets, ICMP, SCTP, other
-  families and netlink other than route, as a second layer.
+- `loopback`: TCP and UDP sockets too, and route-netlink reads (getifaddrs), for what
+  torch.distributed, NCCL's bootstrap, vLLM and TRL open on 127.0.0.1, in a network namespace holding
+  `lo` alone. The namespace is the guarantee: with no interface but `lo` there is no route off the
+  box, and the job cannot add one (no capability in that namespace, and the filter refuses every new
+  namespace). The filter still refuses raw and packet sockets, ICMP, SCTP, other families and netlink
+  other than route, as a second layer.
 
-The operator asks for a mode in the job spec; the launcher checks the namespace before any job code
-and refuses a `loopback` job whose namespace holds anything but `lo` (the platform's settings were
-wrong, and the job must not run with a path out).
+The operator asks for a mode in the job spec. Where the launcher's namespace holds more than `lo`
+(a pod's, after its egress check), it makes a new one for itself and the job: a network namespace
+as root, a user and network namespace otherwise (the pod's seccomp profile must allow exactly that
+`unshare`), brings `lo` up, and keeps no capability in it. If that fails, or the result holds
+anything but `lo`, the job is refused before any of its code runs: it must not run with a path out.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import fcntl
+import os
 import socket
+import struct
 from typing import Literal
 
 Mode = Literal["unix", "loopback"]
@@ -26,15 +32,31 @@ class NetworkRefused(Exception):
     """The job asked for a mode this network namespace cannot guarantee."""
 
 
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+_CAPABILITY_VERSION_3 = 0x20080522
+_PR_SET_DUMPABLE = 4
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class Network:
     mode: Mode
     interfaces: tuple[str, ...]
+    made_here: bool = False  # the launcher made the namespace (else the backend gave it)
 
     def describe(self) -> str:
-        if self.mode == "loopback":
-            return "network: loopback (TCP/UDP on lo only; the job's network namespace holds lo alone)"
-        return f"network: unix (AF_UNIX sockets only; the namespace has {', '.join(self.interfaces)})"
+        if self.mode == "unix":
+            return f"network: unix (AF_UNIX sockets only; the namespace has {', '.join(self.interfaces)})"
+        who = "the launcher made" if self.made_here else "the backend gave"
+        return f"network: loopback (TCP/UDP on lo only; {who} the job's network namespace, lo alone)"
+
+    def report(self) -> dict[str, object]:
+        return {"mode": self.mode, "namespace": "launcher" if self.made_here else "backend"}
 
 
 def interfaces() -> tuple[str, ...]:
@@ -42,10 +64,81 @@ def interfaces() -> tuple[str, ...]:
     return tuple(sorted(name for _, name in socket.if_nameindex()))
 
 
-def decide(requested: Mode, found: tuple[str, ...]) -> Network:
+def decide(requested: Mode, found: tuple[str, ...], made_here: bool = False) -> Network:
     if requested == "loopback" and found != ("lo",):
         raise NetworkRefused(
             "loopback networking was asked for, but the job's network namespace holds "
             f"{', '.join(found) or 'no interface'}, not lo alone: a path off the box could be open"
         )
-    return Network(requested, found)
+    return Network(requested, found, made_here)
+
+
+def establish(requested: Mode) -> Network:
+    """The job's network, making a namespace holding lo alone where loopback needs one. Call it
+    while the process has one thread (the kernel refuses a new user namespace otherwise)."""
+    found = interfaces()
+    if requested != "loopback" or found == ("lo",):
+        return decide(requested, found)
+    try:
+        enter_own_namespace()
+    except OSError as exc:
+        raise NetworkRefused(
+            f"loopback networking was asked for; this namespace holds {', '.join(found)} and the "
+            f"launcher could not make one holding lo alone: {exc.strerror or exc}"
+        ) from None
+    return decide(requested, interfaces(), made_here=True)
+
+
+def enter_own_namespace() -> None:
+    """Move this process into a new network namespace (and, without root, a new user namespace
+    mapping only its own ids), bring lo up, then give up every capability it held there."""
+    uid, gid = os.geteuid(), os.getegid()
+    if uid == 0:
+        _unshare(CLONE_NEWNET)
+    else:
+        _unshare(CLONE_NEWUSER | CLONE_NEWNET)
+        # A non-dumpable process's /proc files belong to root, which this namespace does not map:
+        # dumpable for the three writes (no job code runs yet), then not again.
+        _set_dumpable(True)
+        try:
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+                with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
+                    fh.write(text)
+        finally:
+            _set_dumpable(False)
+    _bring_up("lo")
+    if uid != 0:
+        _drop_capabilities()
+
+
+def _unshare(flags: int) -> None:
+    if _libc.unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare({flags:#x}): {os.strerror(err)}")
+
+
+def _set_dumpable(dumpable: bool) -> None:
+    if _libc.prctl(_PR_SET_DUMPABLE, ctypes.c_ulong(int(dumpable)), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_DUMPABLE): {os.strerror(err)}")
+
+
+def _bring_up(name: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH", name.encode(), 0)
+        (flags,) = struct.unpack_from("H", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request), 16)
+        fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH", name.encode(), flags | _IFF_UP))
+
+
+def _drop_capabilities() -> None:
+    """capset to nothing: the creator of a user namespace holds every capability in it, and the
+    launcher needs none once lo is up."""
+    header = struct.pack("Ii", _CAPABILITY_VERSION_3, 0)
+    empty = ctypes.create_string_buffer(24)  # two {effective, permitted, inheritable} words
+    if _libc.capset(ctypes.c_char_p(header), empty) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capset: {os.strerror(err)}")
+    with open("/proc/self/status", encoding="ascii") as fh:
+        held = {k: v.strip() for k, v in (line.split(":", 1) for line in fh if line.startswith("Cap"))}
+    if int(held["CapEff"], 16) or int(held["CapPrm"], 16):
+        raise OSError(0, f"capabilities still held after capset: {held}")

@@ -27,6 +27,9 @@ FLAVOR_ENV = {"MEMORY": "16Gi", "CPU_CORES": "2"}
 
 # A network namespace of its own holding lo alone, up: what a backend gives a loopback job.
 LOOPBACK_ONLY = ("unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh")
+# The launcher as a job pod starts it: uid 10000, no capability, no_new_privs (it then makes the
+# job's user and network namespace itself).
+AS_POD = ("setpriv", "--reuid=10000", "--regid=10000", "--clear-groups", "--inh-caps=-all", "--no-new-privs")
 
 requires_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="the sandbox tests launch as root, as a real job does (drop to uid 10000)"

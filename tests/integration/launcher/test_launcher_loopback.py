@@ -1,25 +1,47 @@
 """Loopback mode: inside a network namespace holding lo alone, a job gets what torchrun, gloo, vLLM's
-server and getifaddrs need, and still no way off its loopback; asked for where the namespace has
-more than lo, the launcher refuses the job before any of its code runs."""
+server and getifaddrs need, and still no way off its loopback. The namespace is the backend's (the
+emulator's jail) or the launcher's own, made where the one it was given holds more than lo: as root,
+and as a job pod starts it (uid 10000, no capability); where it cannot make one, the job is refused
+before any of its code runs."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import LOOPBACK_ONLY, Launch, job_script, requires_root
+from .conftest import AS_POD, LOOPBACK_ONLY, Launch, job_script, requires_root
 
 pytestmark = requires_root
 
+# Who makes the job's namespace: the backend (a namespace holding lo alone, given), the launcher as
+# root (a network namespace), the launcher as a pod runs it (a user and a network namespace).
+NAMESPACES = {"given": LOOPBACK_ONLY, "made as root": (), "made as a pod": AS_POD}
 
-def test_torchrun_gloo_an_http_server_and_getifaddrs_work_on_loopback(launch: Launch) -> None:
-    job = launch(job_script("loopback_stack.py"), network="loopback", wrap=LOOPBACK_ONLY, timeout=900)
+
+@pytest.fixture(params=sorted(NAMESPACES))
+def namespace(request: pytest.FixtureRequest, job_root: Path) -> Sequence[str]:
+    if request.param == "made as a pod":  # a pod's outputs are its own before the launcher starts
+        (job_root / "outputs").mkdir()
+        os.chown(job_root / "outputs", 10000, 10000)
+    return NAMESPACES[request.param]
+
+
+@pytest.mark.parametrize("wrap", [LOOPBACK_ONLY, AS_POD], ids=["given", "made as a pod"])
+def test_torchrun_gloo_an_http_server_and_getifaddrs_work_on_loopback(
+    launch: Launch, job_root: Path, wrap: Sequence[str]
+) -> None:
+    if wrap == AS_POD:
+        (job_root / "outputs").mkdir()
+        os.chown(job_root / "outputs", 10000, 10000)
+    job = launch(job_script("loopback_stack.py"), network="loopback", wrap=wrap, timeout=900)
     assert job.returncode == 0, job.stderr[-4000:]
     result = job.result()
     assert result["torchrun"] == 0 and result["sum"] == ["all-reduce sum 3.0"], job.stderr[-4000:]
@@ -86,7 +108,9 @@ def canary() -> Iterator[Canary]:
     found.close()
 
 
-def test_a_hostile_loopback_job_reaches_nothing_off_its_loopback(launch: Launch, canary: Canary) -> None:
+def test_a_hostile_loopback_job_reaches_nothing_off_its_loopback(
+    launch: Launch, canary: Canary, namespace: Sequence[str]
+) -> None:
     addresses = _host_addresses()
     assert addresses, "the machine has no global address to attack"
     targets = [[f"host {a}", a, canary.port] for a in addresses]
@@ -95,7 +119,7 @@ def test_a_hostile_loopback_job_reaches_nothing_off_its_loopback(launch: Launch,
     job = launch(
         job_script("loopback_hostile.py", TARGETS=json.dumps(targets)),
         network="loopback",
-        wrap=LOOPBACK_ONLY,
+        wrap=namespace,
     )
     assert job.returncode == 0, job.stderr[-4000:]
     found: dict[str, Any] = job.result()
@@ -133,7 +157,30 @@ def test_the_same_probe_outside_the_sandbox_does_reach_the_canary(canary: Canary
     wait_for(lambda: len(canary.hits) >= 2, timeout=10, what="the canary to see both probes")
 
 
-def test_loopback_is_refused_where_the_namespace_holds_more_than_lo(launch: Launch) -> None:
-    job = launch("print('never runs')", network="loopback")
-    assert job.returncode == 2 and "never runs" not in job.stdout
-    assert "loopback networking was asked for, but the job's network namespace holds" in job.stderr
+def test_loopback_is_refused_where_the_launcher_cannot_make_a_namespace(
+    launch: Launch, job_python: str, job_root: Path
+) -> None:
+    """A pod whose seccomp profile refuses unshare (RuntimeDefault does): no job code runs."""
+    refuse_unshare = (
+        "import errno, os, sys, pyseccomp as s; f = s.SyscallFilter(s.ALLOW); "
+        "f.add_rule(s.ERRNO(errno.EPERM), 'unshare'); f.load(); os.execvp(sys.argv[1], sys.argv[1:])"
+    )
+    (job_root / "outputs").mkdir()
+    os.chown(job_root / "outputs", 10000, 10000)
+    job = launch("print('never runs')", network="loopback", wrap=(job_python, "-c", refuse_unshare, *AS_POD))
+    assert job.returncode == 2 and "never runs" not in job.stdout, job.stderr
+    assert "the launcher could not make one holding lo alone: unshare(0x50000000): " in job.stderr
+
+
+def test_a_unix_job_gets_no_namespace_and_no_inet_socket(launch: Launch) -> None:
+    """unix mode is as before: the launcher makes nothing, and the filter refuses inet sockets."""
+    script = (
+        "import socket\n"
+        "try:\n    socket.socket(socket.AF_INET, socket.SOCK_STREAM)\nexcept OSError as exc:\n"
+        "    print('inet', exc.errno)\n"
+    )
+    job = launch(script)
+    assert job.returncode == 0, job.stderr[-4000:]
+    assert job.stdout.split() == ["inet", "13"]  # EACCES
+    here = ", ".join(sorted(name for _, name in socket.if_nameindex()))
+    assert f"network: unix (AF_UNIX sockets only; the namespace has {here})" in job.stderr
