@@ -9,6 +9,7 @@ from pathlib import Path
 
 from devstack import cluster, stack
 from devstack.build import BuildError, ensure_binaries
+from devstack.seccomp import GO_ARCHES
 
 
 def _require_state(name: str) -> cluster.ClusterState:
@@ -44,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     pkgs = sub.add_parser("image-packages", help="the operator's list of what each job image holds")
     pkgs.add_argument("--check", action="store_true", help="fail if the file is out of date")
     sub.add_parser("node-image", help="the kind node image: official where pullable, else built here")
+    prof = sub.add_parser("seccomp-profile", help="job nodes' Localhost seccomp profile for loopback jobs")
+    prof.add_argument("output", type=Path, help="where to write it (install: <kubelet root>/seccomp/<name>)")
+    prof.add_argument("--arch", default="SCMP_ARCH_X86_64", choices=sorted(GO_ARCHES))
     return parser
 
 
@@ -138,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             from devstack import kind
 
             print(kind.node_image())
+            return 0
+        if args.command == "seccomp-profile":
+            from devstack.seccomp import write_loopback_profile
+
+            print(write_loopback_profile(args.output, args.arch))
             return 0
         if args.command == "stack":
             return _stack(args.action)

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from devstack import debian, oci
+from devstack import debian, oci, seccomp
 from devstack.build import BuildError, ensure_binaries, ensure_go_tool, ensure_node_binaries, log
 from devstack.paths import (
     COREDNS_VERSION,
@@ -69,12 +69,13 @@ def node_image_key() -> str:
         PAUSE_VERSION,
         KUBE_ROUTER_VERSION,
         KIND_VERSION,
+        seccomp.MOBY_SECCOMP_VERSION,
         debian.rootfs_key(NODE_PACKAGES),
         debian.base_key(),
     ):
         digest.update(part.encode() + b"\0")
     recipe = sorted(p for p in NODE_DIR.rglob("*") if p.is_file())
-    for path in [*recipe, RUNC_WRAPPER, Path(__file__), Path(oci.__file__)]:
+    for path in [*recipe, RUNC_WRAPPER, Path(__file__), Path(oci.__file__), Path(seccomp.__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -178,6 +179,7 @@ def build_node_image() -> str:
         context = Path(tmp)
         shutil.copytree(NODE_DIR / "files", context / "files")
         (context / "files" / "version").write_text(KUBERNETES_VERSION)
+        seccomp.write_loopback_profile(context / "files" / seccomp.PROFILE_NAME)
         (context / "bin").mkdir()
         for source in (
             RUNC_WRAPPER,

@@ -101,7 +101,8 @@ def enter_own_namespace() -> None:
         # dumpable for the three writes (no job code runs yet), then not again.
         _set_dumpable(True)
         try:
-            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+            for name, text in maps:
                 with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
                     fh.write(text)
         finally:

@@ -105,6 +105,9 @@ class OperatorSettings(BaseSettings):
     pods_package_index: str | None = None
     pods_package_arch: str = "x86_64"
     pods_max_package_bytes: int = Field(default=1 << 30, gt=0)
+    # The Localhost seccomp profile on the job nodes that lets each loopback job's launcher make its
+    # user and network namespace (holding lo alone) after the egress check. None: jobs are AF_UNIX only.
+    pods_loopback_seccomp_profile: str | None = None
 
     # The internal broker API (logs, artifacts) that only the gateway's ServiceAccount may call.
     broker_host: str = "0.0.0.0"

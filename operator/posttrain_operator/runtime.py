@@ -96,6 +96,7 @@ def _pods_backend(settings: OperatorSettings, api_client: Any) -> Backend:
             package_index=settings.pods_package_index,
             package_arch=settings.pods_package_arch,
             max_package_bytes=settings.pods_max_package_bytes,
+            loopback_seccomp_profile=settings.pods_loopback_seccomp_profile or None,
         ),
         api_client,
     )

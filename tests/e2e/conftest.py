@@ -37,7 +37,7 @@ import pytest
 import yaml
 from posttrain_launcher.host import job_interpreter
 
-from devstack import environments, images, kind
+from devstack import environments, images, kind, seccomp
 from devstack.build import ensure_binaries
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
@@ -344,6 +344,8 @@ def e2e_values(
                 "probes": [{"name": "canary", "host": canary.host, "port": canary.port}] if canary else []
             },
             "packageIndex": package_index,
+            # The node image installs it (devstack/seccomp.py): agent jobs get loopback.
+            "loopbackSeccompProfile": seccomp.PROFILE_NAME,
         }
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": pull_policy},

@@ -15,6 +15,7 @@ import pytest
 from posttrain_operator.api.rules import parse_time
 from posttrain_operator.ledger import billed_seconds, cost_for, reservation_for
 
+from devstack import seccomp
 from tests.checkpoint_jobs import BIG_CHECKPOINT, RESUMED
 from tests.e2e.conftest import (
     GATEWAY_SERVICE,
@@ -109,28 +110,46 @@ def test_t0_artifact_on_pods(request: pytest.FixtureRequest, pods_release: Relea
 # --- egress: verified from inside the pod, failing closed ---------------------------------------
 
 HOSTILE = r"""
-import json, os, socket
+import ctypes, errno, json, os, socket
 targets = json.loads(@@TARGETS@@)
 found = {}
 def attempt(name, fn):
     try:
         found[name] = "open: " + repr(fn())
+    except OSError as exc:
+        found[name] = "refused: " + (errno.errorcode.get(exc.errno or 0) or type(exc).__name__)
     except Exception as exc:
         found[name] = "refused: " + type(exc).__name__
-for family, kind, label in ((socket.AF_INET, socket.SOCK_STREAM, "inet-stream"),
-                            (socket.AF_INET, socket.SOCK_DGRAM, "inet-dgram"),
-                            (socket.AF_INET6, socket.SOCK_STREAM, "inet6-stream"),
-                            (socket.AF_INET, socket.SOCK_RAW, "inet-raw"),
-                            (socket.AF_PACKET, socket.SOCK_RAW, "packet-raw"),
-                            (socket.AF_NETLINK, socket.SOCK_RAW, "netlink")):
-    attempt("socket " + label, lambda: socket.socket(family, kind).fileno())
+def sendto(host, port):
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        return sock.sendto(b"escape", (host, port))
+for family, kind, proto, label in ((socket.AF_INET, socket.SOCK_STREAM, 0, "inet-stream"),
+                                   (socket.AF_INET, socket.SOCK_DGRAM, 0, "inet-dgram"),
+                                   (socket.AF_INET6, socket.SOCK_STREAM, 0, "inet6-stream"),
+                                   (socket.AF_NETLINK, socket.SOCK_RAW, 0, "netlink-route"),
+                                   (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW, "inet-raw"),
+                                   (socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP, "icmp"),
+                                   (socket.AF_INET6, socket.SOCK_DGRAM, 58, "icmpv6"),
+                                   (socket.AF_PACKET, socket.SOCK_RAW, 0, "packet-raw"),
+                                   (socket.AF_VSOCK, socket.SOCK_STREAM, 0, "vsock"),
+                                   (socket.AF_NETLINK, socket.SOCK_RAW, 9, "netlink-audit")):
+    attempt("socket " + label, lambda: socket.socket(family, kind, proto).close())
 for name in ("kubernetes.default.svc.cluster.local", "kubernetes", "example.com"):
     attempt("lookup " + name, lambda: socket.getaddrinfo(name, 443))
 for name, host, port in targets:
     attempt(f"connect {name} {host}:{port}", lambda: socket.create_connection((host, port), 3).close())
+    attempt(f"udp {name} {host}:{port}", lambda: sendto(host, port))
+libc = ctypes.CDLL(None, use_errno=True)
+def unshare():
+    if libc.unshare(0x10000000 | 0x40000000) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+attempt("unshare user+net", unshare)
+found["interfaces"] = sorted(name for _, name in socket.if_nameindex())
 with open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "result.json"), "w") as fh:
     json.dump(found, fh)
 """
+# What a loopback job may open: sockets (their connects off lo fail), and route netlink (getifaddrs).
+LOOPBACK_SOCKETS = {"socket inet-stream", "socket inet-dgram", "socket inet6-stream", "socket netlink-route"}
 
 
 def _cluster_targets(release: Release, canary: Canary) -> list[tuple[str, str, int]]:
@@ -220,17 +239,24 @@ def test_a_hostile_job_is_refused_everywhere(
         episode, (job,), _ = asyncio.run(_submit(gateway, release, script, "cpu-basic"))
     status = _finished(release, job)
     assert status["phase"] == "Succeeded", status
+    assert status["network"] == "loopback", status
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["EgressVerified"]["status"] == "True", conditions
     assert conditions["EgressVerified"]["reason"] == "ProbesClosed"
+    assert "job network loopback (its own namespace, lo alone)" in conditions["EgressVerified"]["message"]
     result_file = release.cluster.store_dir / "outputs" / release.namespace / episode / job / "result.json"  # type: ignore[operator]
     found = json.loads(result_file.read_text())
     say(
         request.config, "\n[pods] hostile job:\n" + "\n".join(f"  {k}: {v}" for k, v in sorted(found.items()))
     )
-    assert len(found) == 6 + 3 + len(targets)
-    opened = {k: v for k, v in found.items() if not v.startswith("refused")}
-    assert not opened, opened
+    assert found.pop("interfaces") == ["lo"]
+    assert len(found) == 10 + 3 + 2 * len(targets) + 1
+    assert {k for k, v in found.items() if v.startswith("open")} == LOOPBACK_SOCKETS, found
+    for name, outcome in found.items():
+        if name.startswith(("connect", "udp")):  # no route: the job's namespace holds lo alone
+            assert outcome in ("refused: ENETUNREACH", "refused: EHOSTUNREACH"), (name, outcome)
+        elif (name.startswith("socket") and name not in LOOPBACK_SOCKETS) or name == "unshare user+net":
+            assert outcome == "refused: EACCES", (name, outcome)  # the launcher's filter
     # The hostile job's own connects to the canary never arrived. The launcher's probe rounds before
     # its last may have, while the policy was not yet programmed (that is what its rounds are for):
     # how many rounds it took, its report in the pod's termination message says.
@@ -238,6 +264,24 @@ def test_a_hostile_job_is_refused_everywhere(
     assert canary.accepted <= accepted_before + rounds - 1, (canary.accepted, accepted_before, rounds)
     counts = release.json("get", "episode", episode)["status"]["egress"]
     assert counts == {"verified": 1, "open": 0}, counts
+
+
+def test_torchrun_and_a_localhost_server_run_in_a_job_pod(pods_release: Release) -> None:
+    """Loopback on pods: the launcher's own user and network namespace carries torchrun's TCPStore,
+    a gloo all-reduce over two processes, and an HTTP server with its client; getifaddrs sees lo."""
+    release = pods_release
+    script = (REPO / "tests" / "integration" / "launcher" / "jobs" / "loopback_stack.py").read_text()
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        episode, (job,), _ = asyncio.run(_submit(gateway, release, script, "cpu-basic"))
+    status = _finished(release, job)
+    outputs = release.cluster.store_dir / "outputs" / release.namespace / episode / job  # type: ignore[operator]
+    assert status["phase"] == "Succeeded", (status, (outputs / "posttrain-job.log").read_text()[-4000:])
+    result = json.loads((outputs / "result.json").read_text())
+    assert result["torchrun"] == 0 and result["sum"] == ["all-reduce sum 3.0"], result
+    assert result["http"] == "hello from localhost"
+    assert result["getifaddrs"] == ["lo"]
+    assert result["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+    _assert_hardened(_job_pod(release, job))
 
 
 def test_a_missing_policy_fails_the_job_closed_before_any_job_code(pods_release: Release) -> None:
@@ -315,13 +359,17 @@ def test_packages_are_staged_by_the_operator_and_installed_with_no_egress(
     say(request.config, f"\n[pods] packages: {job} installed {wheel}; {missing}: {failed['message'][:100]}")
 
 
+# An agent job's pod: the nodes' loopback profile (the runtime's default rules and the launcher's unshare).
+LOOPBACK_PROFILE = {"type": "Localhost", "localhostProfile": seccomp.PROFILE_NAME}
+
+
 def _assert_hardened(pod: dict[str, Any]) -> None:
-    """The pod as the API server admitted it (read back, not as the operator built it)."""
+    """An agent job's pod as the API server admitted it (read back, not as the operator built it)."""
     spec = pod["spec"]
     assert spec["automountServiceAccountToken"] is False
     assert spec["activeDeadlineSeconds"] == 300
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 10000
-    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["securityContext"]["seccompProfile"] == LOOPBACK_PROFILE
     assert not (spec.get("hostNetwork") or spec.get("hostPID") or spec.get("hostIPC"))
     (container,) = spec["containers"]
     security = container["securityContext"]
@@ -329,7 +377,7 @@ def _assert_hardened(pod: dict[str, Any]) -> None:
     assert security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False and security["privileged"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
-    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert security["seccompProfile"] == LOOPBACK_PROFILE
     # No service-account token was mounted by the admission plugin.
     assert not [m for m in container["volumeMounts"] if "serviceaccount" in m["mountPath"]]
 

@@ -95,10 +95,18 @@ class Context:
                 mode="unix",
                 reason="HF Jobs gives a job the network, so the launcher refuses every socket but AF_UNIX",
             )
+        if self.settings.pods_loopback_seccomp_profile:
+            return JobNetwork(
+                mode="loopback",
+                reason="each job's launcher, after its egress check, makes a user and network namespace "
+                "holding lo alone for the job (seccomp profile "
+                f"{self.settings.pods_loopback_seccomp_profile}) and refuses the job if it cannot",
+            )
         return JobNetwork(
             mode="unix",
-            reason="a job pod shares its pod's network (fenced by NetworkPolicy), so the launcher refuses "
-            "every socket but AF_UNIX",
+            reason="a job pod shares its pod's network (fenced by NetworkPolicy) and the nodes have no "
+            "loopback seccomp profile (pods.loopbackSeccompProfile), so the launcher refuses every "
+            "socket but AF_UNIX",
         )
 
     def note_failure(self, name: str, reason: str, message: str) -> None:

@@ -436,3 +436,17 @@ def test_the_package_index_reaches_the_operator_and_only_as_a_url() -> None:
     wrongs = ({"packageIndex": "file:///etc"}, {"packageIndex": "pypi.org/simple"}, {"packageArch": "x86"})
     for wrong in wrongs:
         assert "pods" in render_error({**HF_VALUES, "pods": {**PODS, **wrong}})
+
+
+def test_the_loopback_seccomp_profile_reaches_the_operator_only_as_a_node_relative_name() -> None:
+    profile = "profiles/posttrain-loopback.json"
+    docs = render({**HF_VALUES, "pods": {**PODS, "loopbackSeccompProfile": profile}})
+    env = container_env(main_container(docs, f"{FULL}-operator"))
+    value = env["POSTTRAIN_PODS_LOOPBACK_SECCOMP_PROFILE"]["value"]
+    settings = OperatorSettings.model_validate({"pods_loopback_seccomp_profile": value})
+    assert settings.pods_loopback_seccomp_profile == profile
+    unset = container_env(main_container(render({**HF_VALUES, "pods": PODS}), f"{FULL}-operator"))
+    assert "POSTTRAIN_PODS_LOOPBACK_SECCOMP_PROFILE" not in unset  # default: AF_UNIX jobs
+    for wrong in ("../../etc/passwd.json", "/var/lib/kubelet/seccomp/x.json", "a/../b.json", "profile.yaml"):
+        pods = {**PODS, "loopbackSeccompProfile": wrong}
+        assert "loopbackSeccompProfile" in render_error({**HF_VALUES, "pods": pods})

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from posttrain_launcher.egress import EgressConfigError, Probe, check, default_gateway, probes_for
 
@@ -74,3 +77,24 @@ def test_an_address_open_past_the_bound_fails_with_its_name() -> None:
     assert not outcome.verified
     assert outcome.open == ("canary (tcp 172.18.0.1:8080)",)
     assert outcome.seconds <= 3
+
+
+def test_the_report_carries_the_jobs_network_once_it_is_set_up(tmp_path: Path) -> None:
+    from posttrain_launcher.egress import Outcome, write_report
+
+    report = tmp_path / "termination-log"
+    outcome = Outcome(open=(), probes=9, rounds=2, seconds=1.234)
+    network = {"mode": "loopback", "namespace": "launcher"}
+    write_report({"POSTTRAIN_EGRESS_REPORT": str(report)}, outcome, network)
+    assert json.loads(report.read_text()) == {
+        "egressVerified": True,
+        "reason": "",
+        "probes": 9,
+        "rounds": 2,
+        "seconds": 1.23,
+        "open": [],
+        "network": network,
+    }
+    write_report({"POSTTRAIN_EGRESS_REPORT": str(report)}, outcome, None)  # refused: no job network
+    assert "network" not in json.loads(report.read_text())
+    write_report({}, outcome, None)  # no report asked for: nothing written, no error

@@ -603,6 +603,21 @@ async def test_an_agent_jobs_network_mode_is_recorded_and_sent_to_its_launcher(
     assert submitted.request.launcher_spec["network"] == mode
 
 
+@pytest.mark.parametrize("profile", [None, "posttrain-loopback.json"])
+def test_pods_jobs_get_loopback_only_where_the_nodes_have_its_seccomp_profile(
+    world: World, profile: str | None
+) -> None:
+    world.ctx.settings.pods_loopback_seccomp_profile = profile
+    network = world.ctx.job_network("pods")
+    if profile is None:
+        assert network.mode == "unix" and "pods.loopbackSeccompProfile" in network.reason
+        return
+    assert network.mode == "loopback"
+    assert "makes a user and network namespace holding lo alone" in network.reason
+    assert profile in network.reason
+    assert world.ctx.job_network("hf-jobs").mode == "unix"  # the other backend is unchanged
+
+
 @pytest.mark.parametrize("mapped", [False, True])
 async def test_a_task_in_an_environment_image_runs_only_where_the_operator_has_that_image(
     world: World, mapped: bool

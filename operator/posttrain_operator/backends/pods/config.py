@@ -60,6 +60,9 @@ class PodsConfig:
     package_index: str | None = None
     package_arch: str = "x86_64"
     max_package_bytes: int = 1 << 30
+    # A Localhost seccomp profile on every job node (`<kubelet root>/seccomp/<name>`) that allows the
+    # launcher's one unshare: loopback jobs run under it. None: every job is AF_UNIX only.
+    loopback_seccomp_profile: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.store_volume) != 1:

@@ -158,6 +158,16 @@ def pod_labels(config: PodsConfig, request: JobRequest) -> dict[str, str]:
 
 
 SECCOMP = {"type": "RuntimeDefault"}
+
+
+def seccomp_profile(config: PodsConfig, request: JobRequest) -> dict[str, str]:
+    """RuntimeDefault, or for a loopback job the nodes' Localhost profile: the same rules plus the one
+    `unshare` its launcher makes the job's namespace with (devstack/seccomp.py)."""
+    if request.launcher_spec.get("network") == "loopback" and config.loopback_seccomp_profile:
+        return {"type": "Localhost", "localhostProfile": config.loopback_seccomp_profile}
+    return dict(SECCOMP)
+
+
 GPU_RESOURCE = "nvidia.com/gpu"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TERMINATION_LOG = "/dev/termination-log"
@@ -241,7 +251,7 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
                 "runAsNonRoot": True,
                 "runAsUser": JOB_UID,
                 "runAsGroup": JOB_UID,
-                "seccompProfile": dict(SECCOMP),
+                "seccompProfile": seccomp_profile(config, request),
             },
             "containers": [_container(config, request, {"requests": requests, "limits": limits}, mounts)],
             "volumes": _volumes(config, request, flavor, mounts),
@@ -303,7 +313,7 @@ def _container(
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "readOnlyRootFilesystem": True,
-            "seccompProfile": dict(SECCOMP),
+            "seccompProfile": seccomp_profile(config, request),
         },
         "volumeMounts": [
             {"name": SCRATCH_VOLUME, "mountPath": "/tmp"},
