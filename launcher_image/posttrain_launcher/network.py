@@ -39,6 +39,11 @@ _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 _CAPABILITY_VERSION_3 = 0x20080522
 _PR_SET_DUMPABLE = 4
+_IPV6_LOOPBACK = bytes(15) + b"\x01"
+NETLINK_ROUTE = 0
+_RTM_NEWADDR = 20
+_IFA_ADDRESS, _IFA_LOCAL = 1, 2
+_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -91,8 +96,13 @@ def establish(requested: Mode) -> Network:
 
 def enter_own_namespace() -> None:
     """Move this process into a new network namespace (and, without root, a new user namespace
-    mapping only its own ids), bring lo up, then give up every capability it held there."""
+    mapping only its own ids), bring lo up with the addresses this host's name had outside, then give
+    up every capability it held there.
+
+    The name matters: torchrun's rendezvous, accelerate and vLLM connect to the host's name, which
+    /etc/hosts maps to the pod's address. On lo, that address is the job's own; nothing else is."""
     uid, gid = os.geteuid(), os.getegid()
+    own = hostname_addresses(_read_text("/etc/hosts"), socket.gethostname())
     if uid == 0:
         _unshare(CLONE_NEWNET)
     else:
@@ -108,8 +118,35 @@ def enter_own_namespace() -> None:
         finally:
             _set_dumpable(False)
     _bring_up("lo")
+    for address in own:
+        _add_address("lo", address)
     if uid != 0:
         _drop_capabilities()
+
+
+def hostname_addresses(hosts: str, hostname: str) -> list[str]:
+    """The addresses /etc/hosts gives `hostname`, loopback ones left out (lo has them already)."""
+    found: list[str] = []
+    for line in hosts.splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) < 2 or hostname not in fields[1:] or fields[0] in found:
+            continue
+        try:
+            family = socket.AF_INET6 if ":" in fields[0] else socket.AF_INET
+            packed = socket.inet_pton(family, fields[0])
+        except OSError:
+            continue
+        if not (packed.startswith(b"\x7f") if family == socket.AF_INET else packed == _IPV6_LOOPBACK):
+            found.append(fields[0])
+    return found
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
 
 
 def _unshare(flags: int) -> None:
@@ -129,6 +166,22 @@ def _bring_up(name: str) -> None:
         request = struct.pack("16sH", name.encode(), 0)
         (flags,) = struct.unpack_from("H", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request), 16)
         fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH", name.encode(), flags | _IFF_UP))
+
+
+def _add_address(interface: str, address: str) -> None:
+    """RTM_NEWADDR over route netlink: `address` as a host address (/32, /128) on `interface`."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    packed = socket.inet_pton(family, address)
+    prefix = 128 if family == socket.AF_INET6 else 32
+    body = struct.pack("BBBBI", family, prefix, 0, 0, socket.if_nametoindex(interface))
+    for kind in (_IFA_ADDRESS, _IFA_LOCAL):
+        body += struct.pack("HH", 4 + len(packed), kind) + packed
+    flags = _NLM_F_REQUEST | _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
+        sock.send(struct.pack("IHHII", 16 + len(body), _RTM_NEWADDR, flags, 1, 0) + body)
+        (code,) = struct.unpack_from("i", sock.recv(4096), 16)
+    if code:
+        raise OSError(-code, f"adding {address} to {interface}: {os.strerror(-code)}")
 
 
 def _drop_capabilities() -> None:

@@ -110,7 +110,7 @@ def test_t0_artifact_on_pods(request: pytest.FixtureRequest, pods_release: Relea
 # --- egress: verified from inside the pod, failing closed ---------------------------------------
 
 HOSTILE = r"""
-import ctypes, errno, json, os, socket
+import ctypes, errno, json, os, socket, struct
 targets = json.loads(@@TARGETS@@)
 found = {}
 def attempt(name, fn):
@@ -140,10 +140,20 @@ for name, host, port in targets:
     attempt(f"connect {name} {host}:{port}", lambda: socket.create_connection((host, port), 3).close())
     attempt(f"udp {name} {host}:{port}", lambda: sendto(host, port))
 libc = ctypes.CDLL(None, use_errno=True)
-def unshare():
-    if libc.unshare(0x10000000 | 0x40000000) != 0:
-        raise OSError(ctypes.get_errno(), "unshare")
-attempt("unshare user+net", unshare)
+def syscall(number, *args):
+    if libc.syscall(number, *args) == -1:
+        raise OSError(ctypes.get_errno(), "syscall")
+attempt("unshare user+net", lambda: syscall(272, 0x10000000 | 0x40000000))
+attempt("io_uring_setup", lambda: syscall(425, 8, ctypes.create_string_buffer(120)))
+def netlink_route_write():  # RTM_NEWADDR: an address of the pod's network on lo
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as sock:
+        ifaddr = struct.pack("BBBBI", socket.AF_INET, 24, 0, 0, socket.if_nametoindex("lo"))
+        attr = struct.pack("HH4s", 8, 2, socket.inet_aton("10.244.0.99"))
+        sock.send(struct.pack("IHHII", 16 + len(ifaddr) + len(attr), 20, 0x405, 1, 0) + ifaddr + attr)
+        code = struct.unpack_from("i", sock.recv(4096), 16)[0]
+        if code:
+            raise OSError(-code, "RTM_NEWADDR")
+attempt("netlink route write", netlink_route_write)
 found["interfaces"] = sorted(name for _, name in socket.if_nameindex())
 with open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "result.json"), "w") as fh:
     json.dump(found, fh)
@@ -234,10 +244,23 @@ def test_a_hostile_job_is_refused_everywhere(
     phase, logs = run_probe_pod(release, _connect_script(canary.host, canary.port))
     assert phase == "Succeeded" and logs.strip() == "connected", logs
     accepted_before = canary.accepted
-    script = HOSTILE.replace("@@TARGETS@@", repr(json.dumps(targets)))
     with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
-        episode, (job,), _ = asyncio.run(_submit(gateway, release, script, "cpu-basic"))
-    status = _finished(release, job)
+        # Another episode's job pod, running while the hostile job probes it.
+        sleeper = "import time\ntime.sleep(280)\n"
+        _, (neighbour,), _ = asyncio.run(_submit(gateway, release, sleeper, "cpu-basic"))
+        try:
+            neighbour_ip = wait_for(
+                lambda: _job_pod(release, neighbour)["status"].get("podIP"),
+                timeout=300,
+                interval=1,
+                what="another episode's job pod to have an address",
+            )
+            targets.append(("another-episodes-pod", neighbour_ip, 8080))
+            script = HOSTILE.replace("@@TARGETS@@", repr(json.dumps(targets)))
+            episode, (job,), _ = asyncio.run(_submit(gateway, release, script, "cpu-basic"))
+            status = _finished(release, job)
+        finally:
+            release.kubectl("delete", "agentjob", neighbour, "--wait=false")
     assert status["phase"] == "Succeeded", status
     assert status["network"] == "loopback", status
     conditions = {c["type"]: c for c in status["conditions"]}
@@ -250,13 +273,15 @@ def test_a_hostile_job_is_refused_everywhere(
         request.config, "\n[pods] hostile job:\n" + "\n".join(f"  {k}: {v}" for k, v in sorted(found.items()))
     )
     assert found.pop("interfaces") == ["lo"]
-    assert len(found) == 10 + 3 + 2 * len(targets) + 1
+    assert len(found) == 10 + 3 + 2 * len(targets) + 3
     assert {k for k, v in found.items() if v.startswith("open")} == LOOPBACK_SOCKETS, found
     for name, outcome in found.items():
         if name.startswith(("connect", "udp")):  # no route: the job's namespace holds lo alone
             assert outcome in ("refused: ENETUNREACH", "refused: EHOSTUNREACH"), (name, outcome)
-        elif (name.startswith("socket") and name not in LOOPBACK_SOCKETS) or name == "unshare user+net":
+        elif name.startswith("socket") and name not in LOOPBACK_SOCKETS:
             assert outcome == "refused: EACCES", (name, outcome)  # the launcher's filter
+    assert found["unshare user+net"] == found["io_uring_setup"] == "refused: EACCES"
+    assert found["netlink route write"] == "refused: EPERM"  # no capability in its own namespace
     # The hostile job's own connects to the canary never arrived. The launcher's probe rounds before
     # its last may have, while the policy was not yet programmed (that is what its rounds are for):
     # how many rounds it took, its report in the pod's termination message says.

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import AS_POD, LOOPBACK_ONLY, Launch, job_script, requires_root
+from .conftest import AS_POD, LOOPBACK_ONLY, Launch, fill, job_script, requires_root
 
 pytestmark = requires_root
 
@@ -184,3 +184,41 @@ def test_a_unix_job_gets_no_namespace_and_no_inet_socket(launch: Launch) -> None
     assert job.stdout.split() == ["inet", "13"]  # EACCES
     here = ", ".join(sorted(name for _, name in socket.if_nameindex()))
     assert f"network: unix (AF_UNIX sockets only; the namespace has {here})" in job.stderr
+
+
+OWN_NAME = """
+import errno, json, os, socket
+name = socket.gethostname()
+address = socket.gethostbyname(name)
+found = {"resolves": address}
+try:
+    socket.create_connection((name, @@PORT@@), 3).close()
+    found["canary"] = "open"
+except OSError as exc:
+    found["canary"] = errno.errorcode.get(exc.errno or 0, str(exc))
+server = socket.create_server((address, 0))
+client = socket.create_connection((name, server.getsockname()[1]), 3)
+conn, _ = server.accept()
+client.sendall(b"hi")
+found["own"] = conn.recv(2).decode()
+json.dump(found, open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "result.json"), "w"))
+"""
+
+
+def test_the_hosts_name_is_the_jobs_own_address_on_its_loopback(
+    launch: Launch, canary: Canary, job_root: Path, tmp_path: Path
+) -> None:
+    """As in a pod, /etc/hosts maps the host's name to an address of the machine (torchrun's workers
+    connect to it): in the job's namespace that address is on its own lo, and the canary listening
+    there outside sees nothing."""
+    (address, *_) = (a for a in _host_addresses() if ":" not in a)
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
+    hosts.chmod(0o644)
+    (job_root / "outputs").mkdir()
+    os.chown(job_root / "outputs", 10000, 10000)
+    own_hosts = ("unshare", "--mount", "sh", "-c", f'mount --bind {hosts} /etc/hosts && exec "$@"', "sh")
+    job = launch(fill(OWN_NAME, PORT=canary.port), network="loopback", wrap=(*own_hosts, *AS_POD))
+    assert job.returncode == 0, job.stderr[-4000:]
+    assert job.result() == {"resolves": address, "canary": "ECONNREFUSED", "own": "hi"}
+    assert canary.hits == []
