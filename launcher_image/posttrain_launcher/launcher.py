@@ -115,7 +115,7 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
         if requirements:
             package_dir = os.path.join(scratch, "packages")
             try:
-                packages.install(requirements, package_dir, environ)
+                packages.install(requirements, package_dir, environ, root)
             except packages.InstallError as exc:
                 raise Refusal(f"package install failed: {exc}") from None
             _say(f"installed {len(requirements)} package(s): {' '.join(requirements)}")

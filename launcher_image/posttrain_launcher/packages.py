@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from .spec import MAX_PACKAGE_CHARS, MAX_PACKAGES
+from .spec import MAX_PACKAGE_CHARS, MAX_PACKAGES, host_path
 
 INSTALL_TIMEOUT_SECONDS = 900
 _MAX_ERROR_CHARS = 1500
@@ -108,14 +108,18 @@ def pip_command(
     ]
 
 
-def install(requirements: Sequence[str], target: str, environ: Mapping[str, str]) -> None:
-    """Install into `target` (created by pip). Runs before the lockdown: pip needs the network."""
+def install(requirements: Sequence[str], target: str, environ: Mapping[str, str], root: str = "/") -> None:
+    """Install into `target` (created by pip). Runs before the lockdown: pip may need the network.
+    The backend's lock and staged wheels are paths of the job's view (under POSTTRAIN_ROOT `root`)."""
     env = dict(environ)
     env.pop("PYTHONPATH", None)
     # pip reads options from PIP_* too; the operator may set an index mirror, the agent cannot.
     env["PIP_NO_INPUT"] = "1"
+    if env.get("PIP_FIND_LINKS"):
+        env["PIP_FIND_LINKS"] = host_path(root, env["PIP_FIND_LINKS"])
     lock = env.pop(LOCK_ENV, None)
     if lock:
+        lock = host_path(root, lock)
         check_lock(requirements, lock)
     try:
         proc = subprocess.run(

@@ -67,6 +67,11 @@ class OperatorSettings(BaseSettings):
     # devstack's emulator does; HF's own runtime gives jobs the network): agent jobs may then use TCP
     # and UDP on loopback, and their launcher checks the namespace before any job code runs.
     hf_jobs_loopback: bool = False
+    # The index the operator resolves HF jobs' packages against (with their dependencies), and the
+    # private dataset repo it commits their wheels to (default "<hf_namespace>/posttrain-packages").
+    hf_package_index: str | None = None
+    hf_package_repo: str | None = None
+    max_package_bytes: int = Field(default=1 << 30, gt=0)  # one job's wheels, on either backend
 
     @property
     def submission_window_seconds(self) -> float:
@@ -100,11 +105,10 @@ class OperatorSettings(BaseSettings):
     pod_ip: str | None = None  # this operator's pod IP (Downward API): its broker is probed
     pods_gateway_host: str | None = None  # the gateway's Service name: resolved, then probed
     pods_gateway_port: int = Field(default=80, ge=1, le=65535)
-    # The package index the operator stages jobs' `packages` from (job pods have no egress), the
-    # nodes' architecture, and how many bytes of wheels one job may have.
+    # The package index the operator stages jobs' `packages` from (job pods have no egress), and the
+    # nodes' architecture.
     pods_package_index: str | None = None
     pods_package_arch: str = "x86_64"
-    pods_max_package_bytes: int = Field(default=1 << 30, gt=0)
     # The Localhost seccomp profile on the job nodes that lets each loopback job's launcher make its
     # user and network namespace (holding lo alone) after the egress check. None: jobs are AF_UNIX only.
     pods_loopback_seccomp_profile: str | None = None

@@ -57,6 +57,9 @@ def _hf_jobs_backend(settings: OperatorSettings) -> Backend:
             bucket=settings.hf_bucket_id,
             instance=settings.instance,
             http_timeout_s=settings.hf_http_timeout_seconds,
+            package_index=settings.hf_package_index or None,
+            package_repo=settings.hf_package_repo or None,
+            max_package_bytes=settings.max_package_bytes,
         )
     )
 
@@ -95,7 +98,7 @@ def _pods_backend(settings: OperatorSettings, api_client: Any) -> Backend:
             egress_bound_seconds=settings.pods_egress_bound_seconds,
             package_index=settings.pods_package_index,
             package_arch=settings.pods_package_arch,
-            max_package_bytes=settings.pods_max_package_bytes,
+            max_package_bytes=settings.max_package_bytes,
             loopback_seccomp_profile=settings.pods_loopback_seccomp_profile or None,
         ),
         api_client,

@@ -10,17 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import re
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2
-from huggingface_hub import HfApi, HfFileSystem, JobInfo, Volume, set_client_factory
-from huggingface_hub.errors import HfHubHTTPError, JobNotFoundError
+from huggingface_hub import HfApi, HfFileSystem, Volume, set_client_factory
+from huggingface_hub.errors import JobNotFoundError
 
 from posttrain_operator.backends.base import (
     BACKEND_UNREACHABLE,
@@ -31,10 +32,23 @@ from posttrain_operator.backends.base import (
     Handle,
     Health,
     JobRequest,
-    RemoteStage,
+    PackagePin,
     RemoteStatus,
     UnknownFlavor,
     status_label,
+)
+from posttrain_operator.backends.hf_replies import (
+    credentials_rejected,
+    is_transient,
+    label_value,
+    retry_after,
+    status_of,
+)
+from posttrain_operator.backends.wheels import (
+    WHEELS_MOUNT,
+    install_env,
+    packages_to_stage,
+    stage_job_packages,
 )
 
 T = TypeVar("T")
@@ -42,24 +56,6 @@ T = TypeVar("T")
 KEY_LABEL = "posttrain-key"
 EPISODE_LABEL = "posttrain-episode"
 MANAGED_LABEL = "posttrain-managed-by"
-_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-_STAGES: dict[str, RemoteStage] = {
-    "SCHEDULING": "pending",
-    "RUNNING": "running",
-    "COMPLETED": "succeeded",
-    "ERROR": "failed",
-    "CANCELED": "cancelled",
-    "DELETED": "cancelled",
-}
-_RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
-# The platform's status message for a job whose command exited non-zero (HF has no exit-code field).
-_FAILED_WITH_CODE = re.compile(r"Job failed with exit code: (\d{1,3})")
-_RATE_LIMIT_RESET = re.compile(r"\bt=(\d+)")
-
-
-def label_value(text: str) -> str:
-    """HF label values: [A-Za-z0-9_-], at most 100 characters."""
-    return _LABEL_UNSAFE.sub("-", text)[:100]
 
 
 @dataclass(frozen=True)
@@ -74,6 +70,12 @@ class HfJobsConfig:
     price_ttl_s: float = 600.0
     max_attempts: int = 5
     max_backoff_s: float = 30.0
+    # Where the operator resolves jobs' `packages` (a PEP 503/691 index, e.g. PyPI's simple API) and
+    # the private dataset repo it commits their wheels to; None: jobs with packages are refused.
+    package_index: str | None = None
+    package_repo: str | None = None  # default "<namespace>/posttrain-packages"
+    package_arch: str = "x86_64"
+    max_package_bytes: int = 1 << 30
 
 
 def _request_id(request: httpx2.Request) -> None:
@@ -90,58 +92,6 @@ def install_client_timeout(timeout_s: float) -> None:
             follow_redirects=True,
             timeout=httpx2.Timeout(timeout_s),
         )
-    )
-
-
-def _retry_after(exc: Exception) -> float | None:
-    response = getattr(exc, "response", None)
-    if response is None:
-        return None
-    header = response.headers.get("RateLimit") or ""
-    if match := _RATE_LIMIT_RESET.search(header):
-        return float(match.group(1))
-    retry_after = response.headers.get("Retry-After")
-    return float(retry_after) if retry_after and retry_after.isdigit() else None
-
-
-def _credentials_rejected(exc: Exception) -> bool:
-    response = exc.response if isinstance(exc, HfHubHTTPError) else None
-    return response is not None and response.status_code in (401, 403)
-
-
-def _is_transient(exc: Exception) -> bool:
-    if isinstance(exc, (httpx2.TimeoutException, httpx2.TransportError, TimeoutError, ConnectionError)):
-        return True
-    if isinstance(exc, HfHubHTTPError) and exc.response is not None:
-        return exc.response.status_code in _RETRYABLE_STATUS
-    return False
-
-
-def _stage_of(info: JobInfo) -> tuple[RemoteStage, str]:
-    raw = str(getattr(info.status.stage, "value", info.status.stage))
-    return _STAGES.get(raw, "pending"), raw
-
-
-def _exit_code(stage: RemoteStage, message: str) -> int | None:
-    """What HF Jobs says of the exit code: COMPLETED is an exit status of 0, and a command that failed
-    is an ERROR whose message names its code. An ERROR for any other cause (a timeout, the platform)
-    says nothing of it."""
-    if stage == "succeeded":
-        return 0
-    found = _FAILED_WITH_CODE.fullmatch(message.strip()) if stage == "failed" else None
-    return int(found.group(1)) if found else None
-
-
-def _status_of(info: JobInfo) -> RemoteStatus:
-    stage, raw = _stage_of(info)
-    message = info.status.message or ""
-    return RemoteStatus(
-        stage=stage,
-        message=message,
-        started_at=info.started_at if isinstance(info.started_at, datetime) else None,
-        finished_at=info.finished_at if isinstance(info.finished_at, datetime) else None,
-        raw_stage=raw,
-        exit_code=_exit_code(stage, message),
     )
 
 
@@ -169,19 +119,19 @@ class HfJobsBackend:
                 raise
             except Exception as exc:
                 self.stats.ended(method, status_label(exc))
-                if _credentials_rejected(exc):
+                if credentials_rejected(exc):
                     raise BackendError(
                         f"{method}: Hugging Face refused the operator's token: {exc}",
                         transient=False,
                         reason=CREDENTIALS_REJECTED,
                     ) from exc
-                if not _is_transient(exc):
+                if not is_transient(exc):
                     raise BackendError(f"{method}: {exc}", transient=False) from exc
                 if attempt == attempts:
                     raise BackendError(
                         f"{method}: {exc} (after {attempts} attempts)", transient=True
                     ) from exc
-                told = _retry_after(exc)
+                told = retry_after(exc)
                 delay = min(
                     told or min(self.config.max_backoff_s, 0.5 * 2**attempt), self.config.max_backoff_s
                 )
@@ -242,7 +192,37 @@ class HfJobsBackend:
             )
         return volumes
 
+    async def _stage_packages(
+        self, request: JobRequest, packages: Sequence[str]
+    ) -> tuple[list[PackagePin], Volume]:
+        """The job's wheels, resolved here (wheels.py), committed to the private package repo under the
+        job's key and mounted read-only at that commit: the job never reaches an index itself."""
+        assert self.config.package_index is not None
+        repo = self.config.package_repo or f"{self.config.namespace}/posttrain-packages"
+        folder = f"jobs/{label_value(request.key)}"
+        with tempfile.TemporaryDirectory(prefix="posttrain-wheels-") as tmp:
+            staged = Path(tmp, "wheels")
+            pins = await asyncio.to_thread(
+                stage_job_packages, request, packages, self.config.package_index, staged,
+                arch=self.config.package_arch, max_bytes=self.config.max_package_bytes,
+                timeout=self.config.http_timeout_s,
+            )  # fmt: skip
+
+            def commit() -> str:
+                self._api.create_repo(repo, repo_type="dataset", private=True, exist_ok=True)
+                info = self._api.upload_folder(
+                    repo_id=repo, repo_type="dataset", folder_path=staged, path_in_repo=folder,
+                    commit_message=f"wheels of job {request.key}",
+                )  # fmt: skip
+                return str(info.oid)
+
+            revision = await self._call("stage_packages", commit)
+        mount = {"path": folder, "mount_path": WHEELS_MOUNT, "read_only": True}
+        return pins, Volume(type="dataset", source=repo, revision=revision, **mount)
+
     async def submit(self, request: JobRequest) -> Handle:
+        packages = packages_to_stage(request, self.config.package_index, "hfJobs.packageIndex")
+        pins, wheels = await self._stage_packages(request, packages) if packages else ([], None)
         labels = {
             KEY_LABEL: label_value(request.key),
             EPISODE_LABEL: label_value(f"{request.namespace}-{request.episode}"),
@@ -251,6 +231,8 @@ class HfJobsBackend:
         # The spec travels in the environment; it is the agent's own script and packages, never a
         # credential. `secrets` stays empty: jobs get no token of any kind.
         env = {"POSTTRAIN_JOB_SPEC": json.dumps(request.launcher_spec, separators=(",", ":"))}
+        if wheels is not None:
+            env |= install_env()
         info = await self._call(
             "run_job",
             lambda: self._api.run_job(
@@ -261,12 +243,12 @@ class HfJobsBackend:
                 flavor=request.flavor,
                 timeout=request.timeout_seconds,
                 labels=labels,
-                volumes=self._volumes(request),
+                volumes=[*self._volumes(request), *([wheels] if wheels else [])],
                 namespace=self.config.namespace,
             ),
             retry=False,  # not idempotent: the caller finds by key before any retry
         )
-        return Handle(info.id, request.outputs.prefix if request.outputs else "")
+        return Handle(info.id, request.outputs.prefix if request.outputs else "", packages=tuple(pins))
 
     async def find(self, key: str) -> Handle | None:
         jobs = await self._call(
@@ -295,7 +277,7 @@ class HfJobsBackend:
                 )
             ),
         )
-        statuses = {info.id: _status_of(info) for info in active}
+        statuses = {info.id: status_of(info) for info in active}
         wanted = {h.backend_job_id for h in handles}
         for job_id in wanted - statuses.keys():
             statuses[job_id] = await self._inspect(job_id)
@@ -308,7 +290,7 @@ class HfJobsBackend:
             )
         except JobNotFoundError:
             return RemoteStatus(stage="lost", message=f"backend job {job_id} no longer exists")
-        return _status_of(info)
+        return status_of(info)
 
     async def cancel(self, handle: Handle) -> bool:
         status = await self._inspect(handle.backend_job_id)

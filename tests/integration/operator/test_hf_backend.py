@@ -3,13 +3,15 @@ faults and their documented outcomes, and the token that must never leave the Au
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, UnknownFlavor
+from huggingface_hub import HfApi
+from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, PackagePin, UnknownFlavor
 from posttrain_operator.backends.hf_jobs import KEY_LABEL, HfJobsBackend, HfJobsConfig, install_client_timeout
 
 from devstack.hf_emulator import HfEmulator, routes
@@ -28,6 +30,7 @@ from tests.integration.conftest import (
     make_emulator,
     wait_phase,
 )
+from tests.package_index import build_wheel, serve_index
 
 
 @pytest.fixture
@@ -119,6 +122,58 @@ async def test_the_exit_code_is_the_one_the_platform_reports(
     backend_emulator.wait_for_stage(lost.backend_job_id, ("ERROR",), timeout=60)
     status = (await backend.status_many([lost]))[lost.backend_job_id]
     assert (status.stage, status.exit_code) == ("failed", None), status
+
+
+async def test_a_jobs_packages_come_with_their_dependencies_from_a_private_repo_the_job_mounts(
+    backend_emulator: HfEmulator, tmp_path: Path
+) -> None:
+    """The operator resolves the job's packages with their dependencies against its index, commits the
+    wheels and the hash-pinned lock to a private dataset repo, and mounts that commit: the job, which
+    has no network, installs exactly those wheels, and the pins come back for the job's status."""
+    requires = ["ptprobedep>=2", "numpy>=1"]  # numpy: the image's, so not staged
+    probe = build_wheel(tmp_path, "ptprobe", "1.0", "from ptprobedep import VALUE\n", requires=requires)
+    dependency = build_wheel(tmp_path, "ptprobedep", "2.0", "VALUE = 'staged by the operator'\n")
+    with serve_index("127.0.0.1", {"ptprobe": [probe], "ptprobedep": [dependency]}) as index:
+        backend = HfJobsBackend(
+            HfJobsConfig(
+                endpoint=backend_emulator.url, token=HF_TOKEN, namespace=HF_NAMESPACE, image="launcher:test",
+                bucket=BUCKET, max_backoff_s=0.2, package_index=index.url,
+            )
+        )  # fmt: skip
+        request = _request("k-packages", script="import ptprobe\nprint('probe says', ptprobe.VALUE)\n")
+        request.launcher_spec["packages"] = ["ptprobe==1.0"]
+        handle = await backend.submit(request)
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (probe, dependency)}
+    assert set(handle.packages) == {
+        PackagePin("ptprobe", "1.0", digests[probe.name]),
+        PackagePin("ptprobedep", "2.0", digests[dependency.name]),
+    }
+    backend_emulator.wait_for_stage(handle.backend_job_id, ("COMPLETED", "ERROR"), timeout=120)
+    lines = await backend.logs(handle, tail=50)
+    assert "probe says staged by the operator" in lines, lines
+    api = HfApi(endpoint=backend_emulator.url, token=HF_TOKEN)
+    repo = f"{HF_NAMESPACE}/posttrain-packages"
+    assert api.repo_info(repo, repo_type="dataset").private is True
+    files = set(api.list_repo_files(repo, repo_type="dataset"))
+    staged = {f"jobs/k-packages/{name}" for name in (probe.name, dependency.name, "requirements.lock")}
+    assert staged <= files
+    head = api.repo_info(repo, repo_type="dataset").sha
+    lock = backend_emulator.repos.lookup("dataset", repo, head) / "jobs/k-packages/requirements.lock"
+    assert lock.read_text() == (
+        f"ptprobe==1.0 --hash=sha256:{digests[probe.name]}\n"
+        f"ptprobedep==2.0 --hash=sha256:{digests[dependency.name]}\n"
+    )
+
+
+async def test_packages_without_an_index_are_refused_before_anything_is_created(
+    backend: HfJobsBackend, backend_emulator: HfEmulator
+) -> None:
+    request = _request("k-no-index")
+    request.launcher_spec["packages"] = ["ptprobe==1.0"]
+    with pytest.raises(BackendError, match=r"the chart's hfJobs\.packageIndex") as refused:
+        await backend.submit(request)
+    assert refused.value.transient is False
+    assert await backend.find("k-no-index") is None
 
 
 async def test_status_of_many_jobs_is_one_list_call(

@@ -450,3 +450,16 @@ def test_the_loopback_seccomp_profile_reaches_the_operator_only_as_a_node_relati
     for wrong in ("../../etc/passwd.json", "/var/lib/kubelet/seccomp/x.json", "a/../b.json", "profile.yaml"):
         pods = {**PODS, "loopbackSeccompProfile": wrong}
         assert "loopbackSeccompProfile" in render_error({**HF_VALUES, "pods": pods})
+
+
+def test_hf_jobs_packages_resolve_against_pypi_unless_the_chart_names_another_index() -> None:
+    env = container_env(main_container(render(HF_VALUES), f"{FULL}-operator"))
+    assert env["POSTTRAIN_HF_PACKAGE_INDEX"]["value"] == "https://pypi.org/simple/"
+    assert "POSTTRAIN_HF_PACKAGE_REPO" not in env  # default: <namespace>/posttrain-packages
+    hf = {**HF_VALUES["hfJobs"], "packageIndex": "", "packageRepo": "lab/wheels"}
+    env = container_env(main_container(render({**HF_VALUES, "hfJobs": hf}), f"{FULL}-operator"))
+    assert "POSTTRAIN_HF_PACKAGE_INDEX" not in env  # jobs with packages are refused
+    settings = OperatorSettings.model_validate({"hf_package_repo": env["POSTTRAIN_HF_PACKAGE_REPO"]["value"]})
+    assert settings.hf_package_repo == "lab/wheels"
+    for wrong in ({"packageIndex": "file:///etc"}, {"packageRepo": "no-slash"}):
+        assert "hfJobs" in render_error({**HF_VALUES, "hfJobs": {**HF_VALUES["hfJobs"], **wrong}})

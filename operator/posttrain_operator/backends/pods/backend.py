@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -47,6 +48,7 @@ from posttrain_operator.backends.pods.names import (
     episode_namespace,
     episode_wheels_subpath,
     label_value,
+    wheels_subpath,
 )
 from posttrain_operator.backends.pods.status import remote_status
 from posttrain_operator.backends.pods.store import (
@@ -55,7 +57,7 @@ from posttrain_operator.backends.pods.store import (
     read_artifact_file,
     remove_store_tree,
 )
-from posttrain_operator.backends.pods.wheels import packages_to_stage, stage_for_job
+from posttrain_operator.backends.wheels import packages_to_stage, stage_job_packages
 
 _TRANSIENT_STATUS = {0, 408, 429, 500, 502, 503, 504}
 
@@ -153,7 +155,7 @@ class PodsBackend:
 
     async def submit(self, request: JobRequest) -> Handle:
         body = pod_body(self.config, request)  # UnknownFlavor and unsafe paths fail before any call
-        packages = packages_to_stage(self.config, request)
+        packages = packages_to_stage(request, self.config.package_index, "pods.packageIndex")
         namespace = body["metadata"]["namespace"]
         await self._ensure_namespace(namespace, request)
         await self._ensure_network_policy(namespace)
@@ -190,7 +192,13 @@ class PodsBackend:
     ) -> list[PackagePin]:
         self.stats.count("stage_packages")
         try:
-            pins = await asyncio.to_thread(stage_for_job, self.config, namespace, request, packages)
+            assert self.config.package_index is not None  # packages_to_stage refused the job otherwise
+            pins = await asyncio.to_thread(
+                stage_job_packages, request, packages, self.config.package_index,
+                Path(self.config.store_path, wheels_subpath(namespace, request.key)),
+                arch=self.config.package_arch, max_bytes=self.config.max_package_bytes,
+                timeout=self.config.request_timeout_seconds,
+            )  # fmt: skip
         except BackendError as exc:
             self.stats.ended("stage_packages", "transient" if exc.transient else "refused")
             raise

@@ -19,14 +19,12 @@ from posttrain_operator.backends.pods.names import (
     KEY_LABEL,
     MANAGED_LABEL,
     NETWORK_POLICY,
-    PACKAGE_LOCK_FILE,
     PREFIX_ANNOTATION,
     SCRATCH_VOLUME,
     SHM_VOLUME,
     SOURCE_NAMESPACE_LABEL,
     STORE_RO_VOLUME,
     STORE_RW_VOLUME,
-    WHEELS_MOUNT,
     episode_namespace,
     label_value,
     output_subpath,
@@ -34,6 +32,7 @@ from posttrain_operator.backends.pods.names import (
     repo_subpath,
     wheels_subpath,
 )
+from posttrain_operator.backends.wheels import WHEELS_MOUNT, install_env
 
 
 def namespace_body(config: PodsConfig, name: str, namespace: str, episode: str) -> dict[str, Any]:
@@ -139,12 +138,7 @@ def _package_env(request: JobRequest) -> list[dict[str, Any]]:
     """pip in the launcher installs the staged wheels and asks no index (the pod has no egress)."""
     if not request.launcher_spec.get("packages"):
         return []
-    return [
-        {"name": "PIP_NO_INDEX", "value": "1"},
-        {"name": "PIP_FIND_LINKS", "value": WHEELS_MOUNT},
-        # Every staged wheel, dependencies included, pinned with its sha256 (wheels.py).
-        {"name": "POSTTRAIN_PACKAGE_LOCK", "value": f"{WHEELS_MOUNT}/{PACKAGE_LOCK_FILE}"},
-    ]
+    return [{"name": name, "value": value} for name, value in install_env().items()]
 
 
 def pod_labels(config: PodsConfig, request: JobRequest) -> dict[str, str]:

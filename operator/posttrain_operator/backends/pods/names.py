@@ -23,10 +23,6 @@ JOB_UID = 10000
 SCRATCH_VOLUME, STORE_RO_VOLUME, STORE_RW_VOLUME = "scratch", "store-ro", "store-rw"
 SHM_VOLUME = "shm"
 REPOS_DIR, OUTPUTS_DIR, WHEELS_DIR = "repos", "outputs", "wheels"
-# Where a job pod finds the wheels the operator staged for it (read-only).
-WHEELS_MOUNT = "/opt/posttrain-wheels"
-# What the launcher installs from the staged wheels: each pinned with its sha256 (wheels.py).
-PACKAGE_LOCK_FILE = "requirements.lock"
 _DNS_UNSAFE = re.compile(r"[^a-z0-9-]+")
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _LABEL_OK = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")

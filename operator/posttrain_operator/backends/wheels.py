@@ -1,11 +1,11 @@
-"""The agent's packages on pods, resolved and staged by the operator: a job pod has no egress, so
-before the pod exists the operator picks each requirement's wheel from the package index it is
-configured with (PEP 691 JSON or PEP 503 HTML), checks the index's sha256, reads the wheel's
+"""The agent's packages, resolved and staged by the operator on every backend: a job never reaches a
+package index, so before the job exists the operator picks each requirement's wheel from the index
+it is configured with (PEP 691 JSON or PEP 503 HTML), checks the index's sha256, reads the wheel's
 dependencies and picks theirs the same way, skipping what the job's image holds (and refusing a
 requirement the image's version does not meet: packages never replace the image's). It writes the
-wheels and `requirements.lock` (each wheel pinned with its sha256) to the store. The pod mounts that
-directory read-only and the launcher installs the lock with no index, hashes required, wheels only,
-without further resolution.
+wheels and `requirements.lock` (each wheel pinned with its sha256) to a directory the backend then
+gives the job read-only (pods: the store; HF Jobs: a private dataset repo), and the launcher installs
+the lock with no index, hashes required, wheels only, without further resolution.
 
 Resolution takes, for each project, the newest version the first requirement naming it admits, and
 refuses a later requirement that version does not meet (no backtracking: the refusal names both, and
@@ -39,8 +39,6 @@ from packaging.version import Version
 from posttrain_operator.api.models import MAX_INSTALLED_PACKAGES
 from posttrain_operator.backends.base import BackendError, JobRequest, PackagePin
 from posttrain_operator.backends.image_packages import provided_packages
-from posttrain_operator.backends.pods.config import PodsConfig
-from posttrain_operator.backends.pods.names import PACKAGE_LOCK_FILE, wheels_subpath
 
 # The launcher image's interpreter: CPython 3.11 on Debian bookworm (glibc 2.36).
 PYTHON_VERSION = (3, 11)
@@ -49,7 +47,9 @@ GLIBC = (2, 36)
 _JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 _MAX_PAGE_BYTES = 8 << 20
 _SCHEMES = ("http", "https")
-LOCK_FILE = PACKAGE_LOCK_FILE
+LOCK_FILE = "requirements.lock"
+# Where a job finds its staged wheels (read-only), on every backend; the launcher installs the lock.
+WHEELS_MOUNT = "/opt/posttrain-wheels"
 MAX_WHEELS = MAX_INSTALLED_PACKAGES  # one job's packages with their dependencies, as status holds them
 
 
@@ -389,30 +389,37 @@ def stage(
     return pins
 
 
-def packages_to_stage(config: PodsConfig, request: JobRequest) -> list[str]:
+def install_env() -> dict[str, str]:
+    """What tells the launcher's pip to install the staged lock (every wheel, dependencies included,
+    pinned with its sha256) from the mounted wheels, asking no index."""
+    lock = f"{WHEELS_MOUNT}/{LOCK_FILE}"
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": WHEELS_MOUNT, "POSTTRAIN_PACKAGE_LOCK": lock}
+
+
+def packages_to_stage(request: JobRequest, index: str | None, setting: str) -> list[str]:
     """The job's packages; refused before any call when there is no index to stage them from."""
     packages = [str(p) for p in request.launcher_spec.get("packages") or []]
-    if packages and config.package_index is None:
+    if packages and index is None:
         raise StagingError(
-            "this job lists packages, but the pods backend has no package index to stage them from "
-            "(the chart's pods.packageIndex): job pods have no egress",
+            "this job lists packages, but the backend has no package index to stage them from (the "
+            f"chart's {setting}): jobs never reach an index themselves",
             transient=False,
         )
     return packages
 
 
-def stage_for_job(
-    config: PodsConfig, episode_namespace: str, request: JobRequest, packages: Sequence[str]
+def stage_job_packages(
+    request: JobRequest,
+    packages: Sequence[str],
+    index: str,
+    destination: Path,
+    *,
+    arch: str,
+    max_bytes: int,
+    timeout: float,
 ) -> list[PackagePin]:
-    """`stage` with the backend's settings, into the job's directory of the store, against what the
-    job's image holds."""
-    assert config.package_index is not None
+    """`stage`, against what the job's image holds."""
     return stage(
-        config.package_index,
-        packages,
-        Path(config.store_path, wheels_subpath(episode_namespace, request.key)),
-        arch=config.package_arch,
-        max_bytes=config.max_package_bytes,
-        timeout=config.request_timeout_seconds,
+        index, packages, destination, arch=arch, max_bytes=max_bytes, timeout=timeout,
         provided=provided_packages(request.environment),
-    )
+    )  # fmt: skip

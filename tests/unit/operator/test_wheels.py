@@ -18,8 +18,9 @@ from packaging.tags import Tag
 from posttrain_operator.backends.base import BackendError, JobRequest, PackagePin
 from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
 from posttrain_operator.backends.pods.manifests import pod_body
-from posttrain_operator.backends.pods.names import STORE_RO_VOLUME, WHEELS_MOUNT, wheels_subpath
-from posttrain_operator.backends.pods.wheels import (
+from posttrain_operator.backends.pods.names import STORE_RO_VOLUME, wheels_subpath
+from posttrain_operator.backends.wheels import (
+    WHEELS_MOUNT,
     IndexFile,
     StagingError,
     choose,
@@ -334,7 +335,7 @@ def test_a_wheel_whose_metadata_would_unpack_past_its_bound_is_refused_unread(tm
 
 def test_markers_are_evaluated_for_the_launchers_interpreter_not_the_operators() -> None:
     from packaging.markers import default_environment
-    from posttrain_operator.backends.pods.wheels import marker_environment
+    from posttrain_operator.backends.wheels import marker_environment
 
     environment = marker_environment("aarch64")
     assert set(default_environment()) <= set(environment)  # nothing left to the operator's own
