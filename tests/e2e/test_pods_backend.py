@@ -243,19 +243,24 @@ def test_a_hostile_job_is_refused_everywhere(
     # Control: from a pod without the episode's policy, the canary and the API answer.
     phase, logs = run_probe_pod(release, _connect_script(canary.host, canary.port))
     assert phase == "Succeeded" and logs.strip() == "connected", logs
-    accepted_before = canary.accepted
     with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
-        # Another episode's job pod, running while the hostile job probes it.
-        sleeper = "import time\ntime.sleep(280)\n"
+        # Another episode's job pod, running its code while the hostile job probes it.
+        sleeper = "import time\nprint('sleeping', flush=True)\ntime.sleep(280)\n"
         _, (neighbour,), _ = asyncio.run(_submit(gateway, release, sleeper, "cpu-basic"))
         try:
-            neighbour_ip = wait_for(
-                lambda: _job_pod(release, neighbour)["status"].get("podIP"),
+            pod = _job_pod(release, neighbour)
+            wait_for(
+                lambda: "sleeping"
+                in release.cluster.kubectl(
+                    "-n", pod["metadata"]["namespace"], "logs", pod["metadata"]["name"], check=False
+                ),
                 timeout=300,
                 interval=1,
-                what="another episode's job pod to have an address",
+                what="another episode's job to run (its own egress check, which probes the canary, done)",
             )
-            targets.append(("another-episodes-pod", neighbour_ip, 8080))
+            # Counted from here: the hostile job's launcher rounds may reach the canary, its code may not.
+            accepted_before = canary.accepted
+            targets.append(("another-episodes-pod", _job_pod(release, neighbour)["status"]["podIP"], 8080))
             script = HOSTILE.replace("@@TARGETS@@", repr(json.dumps(targets)))
             episode, (job,), _ = asyncio.run(_submit(gateway, release, script, "cpu-basic"))
             status = _finished(release, job)

@@ -159,8 +159,11 @@ time.sleep(300)  # the launcher's scan stops it
         (FILE_PAST_CAP, "FileSizeCapExceeded", ["posttrain-job.log"]),
         (OUTPUTS_PAST_CAP, "OutputCapExceeded", []),
         (SCRATCH_PAST_CAP, "ScratchCapExceeded", []),
+        # The trl task's 5 GiB checkpoint (below), written for real under t0's 2 GiB caps: its 3 GiB
+        # shard stops at the file cap, by when the outputs are past theirs, which is what is named.
+        (BIG_CHECKPOINT, "OutputCapExceeded", []),
     ],
-    ids=["file-cap", "output-cap", "scratch-cap"],
+    ids=["file-cap", "output-cap", "scratch-cap", "the-5-gib-checkpoint-under-t0"],
 )
 def test_a_job_past_its_tasks_caps_fails_with_the_cap_named_and_a_capped_one_publishes_nothing(
     kubectl: Kubectl,
