@@ -344,8 +344,8 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         except egress.EgressConfigError as exc:
             _say(f"error: {exc}")
             return EXIT_REFUSED
+        egress.write_report(env, outcome, network=None)  # again below once the job's network is set
         if not outcome.verified:
-            egress.write_report(env, outcome, network=None)
             _say(f"error: {egress.open_reason(outcome)}")
             return egress.EXIT_EGRESS_OPEN
         _say(
@@ -355,8 +355,6 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     try:
         job = prepare(env)
     except Refusal as exc:
-        if outcome is not None:
-            egress.write_report(env, outcome, network=None)
         _say(f"error: {exc}")
         return EXIT_REFUSED
     if outcome is not None:

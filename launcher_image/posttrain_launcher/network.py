@@ -23,7 +23,10 @@ import fcntl
 import os
 import socket
 import struct
+import time
 from typing import Literal
+
+from .sandbox import NETLINK_ROUTE, set_dumpable
 
 Mode = Literal["unix", "loopback"]
 
@@ -38,9 +41,8 @@ _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 _CAPABILITY_VERSION_3 = 0x20080522
-_PR_SET_DUMPABLE = 4
 _IPV6_LOOPBACK = bytes(15) + b"\x01"
-NETLINK_ROUTE = 0
+_NLMSG_ERROR = 2  # the kernel's acknowledgement (error 0) or refusal
 _RTM_NEWADDR = 20
 _IFA_ADDRESS, _IFA_LOCAL = 1, 2
 _NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
@@ -70,6 +72,9 @@ def interfaces() -> tuple[str, ...]:
 
 
 def decide(requested: Mode, found: tuple[str, ...], made_here: bool = False) -> Network:
+    """`found`: the namespace's interfaces; in one the launcher made, those that are up (a kernel with
+    tunnel modules loaded gives every new namespace down fallback devices, `tunl0`, `sit0`, which
+    carry nothing and which the job, holding no capability, cannot bring up)."""
     if requested == "loopback" and found != ("lo",):
         raise NetworkRefused(
             "loopback networking was asked for, but the job's network namespace holds "
@@ -86,12 +91,21 @@ def establish(requested: Mode) -> Network:
         return decide(requested, found)
     try:
         enter_own_namespace()
+        live = tuple(name for name in interfaces() if name == "lo" or _is_up(name))
     except OSError as exc:
         raise NetworkRefused(
             f"loopback networking was asked for; this namespace holds {', '.join(found)} and the "
             f"launcher could not make one holding lo alone: {exc.strerror or exc}"
         ) from None
-    return decide(requested, interfaces(), made_here=True)
+    return decide(requested, live, made_here=True)
+
+
+def _wait_for_one_thread(bound_seconds: float = 2.0) -> None:
+    """A thread just joined (the egress check's) may still be counted for a moment, and the kernel
+    refuses a new user namespace to a process with more than one thread (EINVAL)."""
+    deadline = time.monotonic() + bound_seconds
+    while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def enter_own_namespace() -> None:
@@ -106,17 +120,18 @@ def enter_own_namespace() -> None:
     if uid == 0:
         _unshare(CLONE_NEWNET)
     else:
+        _wait_for_one_thread()
         _unshare(CLONE_NEWUSER | CLONE_NEWNET)
         # A non-dumpable process's /proc files belong to root, which this namespace does not map:
         # dumpable for the three writes (no job code runs yet), then not again.
-        _set_dumpable(True)
+        set_dumpable(True)
         try:
             maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
             for name, text in maps:
                 with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
                     fh.write(text)
         finally:
-            _set_dumpable(False)
+            set_dumpable(False)
     _bring_up("lo")
     for address in own:
         _add_address("lo", address)
@@ -126,10 +141,10 @@ def enter_own_namespace() -> None:
 
 def hostname_addresses(hosts: str, hostname: str) -> list[str]:
     """The addresses /etc/hosts gives `hostname`, loopback ones left out (lo has them already)."""
-    found: list[str] = []
+    found: dict[bytes, str] = {}
     for line in hosts.splitlines():
         fields = line.split("#", 1)[0].split()
-        if len(fields) < 2 or hostname not in fields[1:] or fields[0] in found:
+        if len(fields) < 2 or hostname not in fields[1:]:
             continue
         try:
             family = socket.AF_INET6 if ":" in fields[0] else socket.AF_INET
@@ -137,8 +152,8 @@ def hostname_addresses(hosts: str, hostname: str) -> list[str]:
         except OSError:
             continue
         if not (packed.startswith(b"\x7f") if family == socket.AF_INET else packed == _IPV6_LOOPBACK):
-            found.append(fields[0])
-    return found
+            found.setdefault(packed, socket.inet_ntop(family, packed))
+    return list(found.values())
 
 
 def _read_text(path: str) -> str:
@@ -155,17 +170,21 @@ def _unshare(flags: int) -> None:
         raise OSError(err, f"unshare({flags:#x}): {os.strerror(err)}")
 
 
-def _set_dumpable(dumpable: bool) -> None:
-    if _libc.prctl(_PR_SET_DUMPABLE, ctypes.c_ulong(int(dumpable)), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_DUMPABLE): {os.strerror(err)}")
+def _flags(sock: socket.socket, name: str) -> int:
+    request = struct.pack("16sH", name.encode(), 0)
+    (flags,) = struct.unpack_from("H", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request), 16)
+    return int(flags)
+
+
+def _is_up(name: str) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        return bool(_flags(sock, name) & _IFF_UP)
 
 
 def _bring_up(name: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("16sH", name.encode(), 0)
-        (flags,) = struct.unpack_from("H", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request), 16)
-        fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH", name.encode(), flags | _IFF_UP))
+        flags = _flags(sock, name) | _IFF_UP
+        fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH", name.encode(), flags))
 
 
 def _add_address(interface: str, address: str) -> None:
@@ -179,7 +198,10 @@ def _add_address(interface: str, address: str) -> None:
     flags = _NLM_F_REQUEST | _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
         sock.send(struct.pack("IHHII", 16 + len(body), _RTM_NEWADDR, flags, 1, 0) + body)
-        (code,) = struct.unpack_from("i", sock.recv(4096), 16)
+        reply = sock.recv(4096)
+    if len(reply) < 20 or struct.unpack_from("H", reply, 4)[0] != _NLMSG_ERROR:
+        raise OSError(0, f"adding {address} to {interface}: no acknowledgement from the kernel")
+    (code,) = struct.unpack_from("i", reply, 16)
     if code:
         raise OSError(-code, f"adding {address} to {interface}: {os.strerror(-code)}")
 

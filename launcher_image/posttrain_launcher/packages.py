@@ -67,7 +67,7 @@ def check_requirements(raw: Sequence[str]) -> list[str]:
     return out
 
 
-# Set by a backend that resolved the job's packages with their dependencies (the pods backend): a pip
+# Set by a backend that resolved the job's packages with their dependencies (pods, HF Jobs): a pip
 # requirements file pinning every wheel to install with its sha256, beside the staged wheels.
 LOCK_ENV = "POSTTRAIN_PACKAGE_LOCK"
 
@@ -109,7 +109,8 @@ def pip_command(
 
 
 def install(requirements: Sequence[str], target: str, environ: Mapping[str, str], root: str = "/") -> None:
-    """Install into `target` (created by pip). Runs before the lockdown: pip may need the network.
+    """Install into `target` (created by pip), before the lockdown. With a backend's lock, from its
+    mounted wheels and no index; without one, from the index (a backend that gives jobs the network).
     The backend's lock and staged wheels are paths of the job's view (under POSTTRAIN_ROOT `root`)."""
     env = dict(environ)
     env.pop("PYTHONPATH", None)

@@ -40,7 +40,11 @@ def set_no_new_privs() -> None:
 def set_non_dumpable() -> None:
     """Makes this process's /proc files (environ, mem) unreadable and un-ptraceable by the job,
     which matters when launcher and job share a uid (an image running as USER 10000)."""
-    _prctl(_PR_SET_DUMPABLE, 0)
+    set_dumpable(False)
+
+
+def set_dumpable(dumpable: bool) -> None:
+    _prctl(_PR_SET_DUMPABLE, int(dumpable))
 
 
 def die_with_parent() -> None:

@@ -271,7 +271,8 @@ def test_a_hostile_job_is_refused_everywhere(
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["EgressVerified"]["status"] == "True", conditions
     assert conditions["EgressVerified"]["reason"] == "ProbesClosed"
-    assert "job network loopback (its own namespace, lo alone)" in conditions["EgressVerified"]["message"]
+    assert conditions["EgressVerified"]["message"].endswith("; job network loopback")
+    assert _egress_report(_job_pod(release, job))["network"] == {"mode": "loopback", "namespace": "launcher"}
     result_file = release.cluster.store_dir / "outputs" / release.namespace / episode / job / "result.json"  # type: ignore[operator]
     found = json.loads(result_file.read_text())
     say(

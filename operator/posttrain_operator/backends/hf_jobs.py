@@ -210,9 +210,16 @@ class HfJobsBackend:
 
             def commit() -> str:
                 self._api.create_repo(repo, repo_type="dataset", private=True, exist_ok=True)
+                if not self._api.repo_info(repo, repo_type="dataset").private:
+                    raise BackendError(
+                        f"the package repo {repo} is public: jobs' packages are staged only in a "
+                        "private repo (hfJobs.packageRepo)",
+                        transient=False,
+                    )
+                # The folder holds this staging alone: an earlier attempt's wheels are deleted.
                 info = self._api.upload_folder(
                     repo_id=repo, repo_type="dataset", folder_path=staged, path_in_repo=folder,
-                    commit_message=f"wheels of job {request.key}",
+                    commit_message=f"wheels of job {request.key}", delete_patterns="*",
                 )  # fmt: skip
                 return str(info.oid)
 

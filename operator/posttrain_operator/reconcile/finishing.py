@@ -117,6 +117,8 @@ async def finish_agentjob(
     status = with_condition(ctx, job, status, cond.COMPLETE, phase == "Succeeded", reason, message)
     status = with_condition(ctx, job, status, cond.FINISHED, True, reason, message)
     if remote is not None and remote.egress_verified is not None:
+        # The mode is the operator's own record (the job could rewrite its launcher's report).
+        said = f"{remote.egress_message}; job network {status.network or 'unix'}"
         status = with_condition(
             ctx,
             job,
@@ -124,7 +126,7 @@ async def finish_agentjob(
             cond.EGRESS_VERIFIED,
             remote.egress_verified,
             cond.PROBES_CLOSED if remote.egress_verified else cond.EGRESS_OPEN,
-            remote.egress_message,
+            said if remote.egress_verified else remote.egress_message,
         )
     await write_job_status(ctx, job, status)
     ctx.emit(job, "Normal" if phase in ("Succeeded", "Cancelled") else "Warning", reason, message)

@@ -3,6 +3,7 @@ faults and their documented outcomes, and the token that must never leave the Au
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -133,7 +134,9 @@ async def test_a_jobs_packages_come_with_their_dependencies_from_a_private_repo_
     requires = ["ptprobedep>=2", "numpy>=1"]  # numpy: the image's, so not staged
     probe = build_wheel(tmp_path, "ptprobe", "1.0", "from ptprobedep import VALUE\n", requires=requires)
     dependency = build_wheel(tmp_path, "ptprobedep", "2.0", "VALUE = 'staged by the operator'\n")
-    with serve_index("127.0.0.1", {"ptprobe": [probe], "ptprobedep": [dependency]}) as index:
+    other = build_wheel(tmp_path, "ptother", "1.0", "VALUE = 'another job'\n")
+    wheels = {"ptprobe": [probe], "ptprobedep": [dependency], "ptother": [other]}
+    with serve_index("127.0.0.1", wheels) as index:
         backend = HfJobsBackend(
             HfJobsConfig(
                 endpoint=backend_emulator.url, token=HF_TOKEN, namespace=HF_NAMESPACE, image="launcher:test",
@@ -142,6 +145,12 @@ async def test_a_jobs_packages_come_with_their_dependencies_from_a_private_repo_
         )  # fmt: skip
         request = _request("k-packages", script="import ptprobe\nprint('probe says', ptprobe.VALUE)\n")
         request.launcher_spec["packages"] = ["ptprobe==1.0"]
+        # An attempt that staged other wheels under the same key and then failed (the platform refused
+        # its flavor) left them in the folder; the retry stages the folder anew.
+        earlier = dataclasses.replace(request, flavor="no-such-flavor", launcher_spec={
+            **request.launcher_spec, "packages": ["ptother==1.0"]})  # fmt: skip
+        with pytest.raises(BackendError):
+            await backend.submit(earlier)
         handle = await backend.submit(request)
     digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (probe, dependency)}
     assert set(handle.packages) == {
@@ -156,13 +165,36 @@ async def test_a_jobs_packages_come_with_their_dependencies_from_a_private_repo_
     assert api.repo_info(repo, repo_type="dataset").private is True
     files = set(api.list_repo_files(repo, repo_type="dataset"))
     staged = {f"jobs/k-packages/{name}" for name in (probe.name, dependency.name, "requirements.lock")}
-    assert staged <= files
+    assert {f for f in files if f.startswith("jobs/")} == staged
     head = api.repo_info(repo, repo_type="dataset").sha
     lock = backend_emulator.repos.lookup("dataset", repo, head) / "jobs/k-packages/requirements.lock"
     assert lock.read_text() == (
         f"ptprobe==1.0 --hash=sha256:{digests[probe.name]}\n"
         f"ptprobedep==2.0 --hash=sha256:{digests[dependency.name]}\n"
     )
+
+
+async def test_packages_are_never_staged_in_a_public_repo(
+    backend_emulator: HfEmulator, tmp_path: Path
+) -> None:
+    api = HfApi(endpoint=backend_emulator.url, token=HF_TOKEN)
+    public = f"{HF_NAMESPACE}/public-wheels"
+    api.create_repo(public, repo_type="dataset", private=False)
+    wheel = build_wheel(tmp_path, "ptother", "1.0", "VALUE = 1\n")
+    with serve_index("127.0.0.1", {"ptother": [wheel]}) as index:
+        backend = HfJobsBackend(
+            HfJobsConfig(
+                endpoint=backend_emulator.url, token=HF_TOKEN, namespace=HF_NAMESPACE, image="launcher:test",
+                bucket=BUCKET, max_backoff_s=0.2, package_index=index.url, package_repo=public,
+            )
+        )  # fmt: skip
+        request = _request("k-public")
+        request.launcher_spec["packages"] = ["ptother==1.0"]
+        with pytest.raises(BackendError, match="is public") as refused:
+            await backend.submit(request)
+    assert refused.value.transient is False
+    assert await backend.find("k-public") is None
+    assert not [f for f in api.list_repo_files(public, repo_type="dataset") if f.startswith("jobs/")]
 
 
 async def test_packages_without_an_index_are_refused_before_anything_is_created(

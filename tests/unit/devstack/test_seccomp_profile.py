@@ -83,3 +83,9 @@ def test_an_arm64_node_gets_its_own_rules_and_an_unknown_architecture_is_refused
     assert _rules(profile, "set_tls") and not _rules(profile, "arch_prctl")
     with pytest.raises(ValueError, match="no node architecture 'SCMP_ARCH_PPC64LE'"):
         loopback_profile(DOCKER_PROFILE, "SCMP_ARCH_PPC64LE")
+
+
+def test_a_profile_read_wrong_fails_the_build_instead_of_reaching_a_node() -> None:
+    unconditional = [{"names": ["setns", "read"], "action": "SCMP_ACT_ALLOW"}]
+    with pytest.raises(ValueError, match=r"would allow \['setns'\] to every job"):
+        loopback_profile({**DOCKER_PROFILE, "syscalls": unconditional})

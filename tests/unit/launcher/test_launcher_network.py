@@ -12,6 +12,7 @@ POD_HOSTS = """# Kubernetes-managed hosts file.
 fe00::0\tip6-localnet
 10.244.0.7\tpt-job-0a1b2c
 fd00:10:244::7\tpt-job-0a1b2c   # dual stack
+fd00:10:244:0::7\tpt-job-0a1b2c  # the same address, written longer
 10.244.0.7\tpt-job-0a1b2c
 127.0.1.1\tpt-job-0a1b2c
 not-an-address\tpt-job-0a1b2c

@@ -544,22 +544,6 @@ def test_a_loopback_job_runs_under_the_nodes_profile_and_every_other_job_under_r
         assert _container(pod)["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
-def test_the_egress_report_names_the_network_the_job_got() -> None:
-    started, finished = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
-    for network, said in (
-        (
-            {"mode": "loopback", "namespace": "launcher"},
-            "; job network loopback (its own namespace, lo alone)",
-        ),
-        ({"mode": "unix", "namespace": "backend"}, "; job network unix"),
-    ):
-        report = {"egressVerified": True, "probes": 9, "rounds": 1, "seconds": 1.5, "open": []}
-        message = json.dumps({**report, "network": network})
-        terminated = {"exitCode": 0, "startedAt": started, "finishedAt": finished, "message": message}
-        status = remote_status(_pod("Succeeded", {"terminated": terminated}))
-        assert (status.egress_verified, status.egress_message) == (True, "9 probes closed in 1.5s" + said)
-
-
 def test_the_launchers_egress_report_is_read_from_the_termination_message() -> None:
     started, finished = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
     verified = '{"egressVerified": true, "probes": 9, "rounds": 1, "seconds": 1.93, "open": []}'

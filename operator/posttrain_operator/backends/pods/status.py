@@ -28,11 +28,7 @@ def egress_report(terminated: Mapping[str, Any]) -> tuple[bool | None, str]:
         return (False, "egress check failed; no job code ran") if code == EXIT_EGRESS_OPEN else (None, "")
     verified = bool(report["egressVerified"]) and code != EXIT_EGRESS_OPEN
     if verified:
-        network = report.get("network")
-        mode = f"; job network {network.get('mode')}" if isinstance(network, dict) else ""
-        if isinstance(network, dict) and network.get("namespace") == "launcher":
-            mode += " (its own namespace, lo alone)"
-        return True, f"{report.get('probes')} probes closed in {report.get('seconds')}s{mode}"
+        return True, f"{report.get('probes')} probes closed in {report.get('seconds')}s"
     return False, str(report.get("reason") or "egress check failed; no job code ran")[:1024]
 
 
