@@ -463,3 +463,39 @@ def test_hf_jobs_packages_resolve_against_pypi_unless_the_chart_names_another_in
     assert settings.hf_package_repo == "lab/wheels"
     for wrong in ({"packageIndex": "file:///etc"}, {"packageRepo": "no-slash"}):
         assert "hfJobs" in render_error({**HF_VALUES, "hfJobs": {**HF_VALUES["hfJobs"], **wrong}})
+
+
+def test_both_deployments_take_affinity_spread_priority_and_pod_labels_never_replacing_the_charts() -> None:
+    scheduling = {
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}
+        ],
+        "priorityClassName": "platform-critical",
+        "podLabels": {"team": "ml-platform", "app.kubernetes.io/name": "hijacked"},
+    }
+    values = {**HF_VALUES, "operator": scheduling, "gateway": scheduling}
+    docs = render(values)
+    default = {name: spec for name, spec in pod_specs(render(HF_VALUES))}
+    for component in ("operator", "gateway"):
+        deployment = one(docs, "Deployment", f"{FULL}-{component}")
+        template = deployment["spec"]["template"]
+        spec, labels = template["spec"], template["metadata"]["labels"]
+        assert spec["affinity"] == scheduling["affinity"]
+        assert spec["topologySpreadConstraints"] == scheduling["topologySpreadConstraints"]
+        assert spec["priorityClassName"] == "platform-critical"
+        assert labels["team"] == "ml-platform"
+        assert labels["app.kubernetes.io/name"] == "posttrain-operator"  # the chart's own label stays
+        assert labels["app.kubernetes.io/component"] == component
+        unset = default[f"{FULL}-{component}"]
+        assert not {"affinity", "topologySpreadConstraints", "priorityClassName"} & set(unset)
+    assert "priorityClassName" in render_error({**HF_VALUES, "operator": {"priorityClassName": "Not_A_Name"}})
+
+
+def test_more_than_one_operator_gets_a_disruption_budget_over_exactly_its_pods() -> None:
+    assert not find(render(HF_VALUES), "PodDisruptionBudget")
+    docs = render({**HF_VALUES, "operator": {"replicas": 2}})
+    (budget,) = find(docs, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    selector = one(docs, "Deployment", f"{FULL}-operator")["spec"]["selector"]["matchLabels"]
+    assert budget["spec"]["selector"]["matchLabels"] == selector
