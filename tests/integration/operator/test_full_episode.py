@@ -10,7 +10,7 @@ import pytest
 
 from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
-from tests.checkpoint_jobs import BIG_CHECKPOINT, RESUMED
+from tests.checkpoint_jobs import BIG_CHECKPOINT, OPTIMIZER_STATE, RESUMED
 from tests.conftest import Kubectl
 from tests.integration.conftest import (
     REPO,
@@ -159,9 +159,9 @@ time.sleep(300)  # the launcher's scan stops it
         (FILE_PAST_CAP, "FileSizeCapExceeded", ["posttrain-job.log"]),
         (OUTPUTS_PAST_CAP, "OutputCapExceeded", []),
         (SCRATCH_PAST_CAP, "ScratchCapExceeded", []),
-        # The trl task's 5 GiB checkpoint (below), written for real under t0's 2 GiB caps: its 3 GiB
-        # shard stops at the file cap, by when the outputs are past theirs, which is what is named.
-        (BIG_CHECKPOINT, "OutputCapExceeded", []),
+        # The trl task's 5 GiB of checkpoint state (below), written for real under t0's 2 GiB caps:
+        # its 3 GiB shard stops at the file cap, by when the outputs are past theirs, which is named.
+        (OPTIMIZER_STATE, "OutputCapExceeded", []),
     ],
     ids=["file-cap", "output-cap", "scratch-cap", "the-5-gib-checkpoint-under-t0"],
 )
