@@ -14,12 +14,15 @@ print("wrote", sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out
 """
 # A checkpoint as a real run leaves one: the model's files and that state, each file under the
 # task's 8 GiB file cap.
-BIG_CHECKPOINT = """
+BIG_CHECKPOINT = (
+    """
 import os, shutil
 out, model = os.environ["POSTTRAIN_OUTPUT_DIR"], os.environ["POSTTRAIN_INPUT_MODEL"]
 for name in os.listdir(model):
     shutil.copy(os.path.join(model, name), out)
-""" + OPTIMIZER_STATE
+"""
+    + OPTIMIZER_STATE
+)
 # Resumes from it: reads its state back (the 3 GiB shard to its last byte) and writes a changed model.
 RESUMED = """
 import os

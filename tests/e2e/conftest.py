@@ -356,6 +356,8 @@ def e2e_values(
             "namespace": HF_NAMESPACE,
             "endpoint": emulator_url,
             "bucket": BUCKET,
+            # The emulator runs every job with its own launcher, whatever image a job names.
+            "image": launcher_image or "localhost/posttrain-launcher:0.1.0",
         },
         "gateway": {"orchestratorTokenSecret": {"name": "orchestrator", "key": "token"}},
         "pods": pods,

@@ -10,6 +10,9 @@ to fix them. Included by every template through the operator Deployment.
 {{- if not .Values.hfJobs.namespace }}
 {{- fail "hfJobs.enabled is true but hfJobs.namespace is empty: set the HF user or organisation that runs and pays for the jobs (it is never guessed)" }}
 {{- end }}
+{{- if not .Values.hfJobs.image }}
+{{- fail "hfJobs.enabled is true but hfJobs.image is empty: build the launcher image (make images), push it where HF Jobs can pull it, and set hfJobs.image to it; no public image is published for you" }}
+{{- end }}
 {{- end }}
 {{- if and .Values.pods.enabled (not .Values.pods.storeVolume) }}
 {{- fail "pods.enabled is true but pods.storeVolume is empty: set the artifact store as an inline volume source (one of csi, nfs, hostPath) that every namespace can mount" }}

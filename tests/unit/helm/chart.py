@@ -24,7 +24,12 @@ OPERATOR_SA = f"system:serviceaccount:{NAMESPACE}:{FULL}-operator"
 GATEWAY_SA = f"system:serviceaccount:{NAMESPACE}:{FULL}-gateway"
 # Values that turn every optional part on (a platform team's HF Jobs install).
 HF_VALUES: dict[str, Any] = {
-    "hfJobs": {"enabled": True, "tokenSecret": {"name": "hf-token", "key": "token"}, "namespace": "acme"},
+    "hfJobs": {
+        "enabled": True,
+        "tokenSecret": {"name": "hf-token", "key": "token"},
+        "namespace": "acme",
+        "image": "registry.example/posttrain-launcher:0.1.0",
+    },
 }
 
 # The pods backend with its artifact store (an NFS export every episode namespace can mount).

@@ -499,3 +499,11 @@ def test_more_than_one_operator_gets_a_disruption_budget_over_exactly_its_pods()
     assert budget["spec"]["maxUnavailable"] == 1
     selector = one(docs, "Deployment", f"{FULL}-operator")["spec"]["selector"]["matchLabels"]
     assert budget["spec"]["selector"]["matchLabels"] == selector
+
+
+def test_hf_jobs_needs_a_launcher_image_it_can_pull_and_is_told_so() -> None:
+    hf = {k: v for k, v in HF_VALUES["hfJobs"].items() if k != "image"}
+    error = render_error({**HF_VALUES, "hfJobs": hf})
+    assert "hfJobs.image is empty" in error and "make images" in error
+    operator = main_container(render(HF_VALUES), f"{FULL}-operator")
+    assert container_env(operator)["POSTTRAIN_HF_IMAGE"]["value"] == HF_VALUES["hfJobs"]["image"]
