@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -37,6 +39,9 @@ class GatewaySettings(BaseSettings):
     default_task: str = Field(default="t0_artifact", description="Task of a `reset` that names none.")
     default_backend: str = Field(default="hf-jobs", pattern="^(hf-jobs|pods)$")
     max_sessions: int = Field(default=256, ge=1, le=100_000, description="OpenEnv sessions at once.")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="text: uvicorn's lines; json: one JSON object per line (logs.py)."
+    )
     reset_start_wait_seconds: float = Field(
         default=30.0,
         gt=0,

@@ -25,6 +25,7 @@ from env_gateway.config import GatewaySettings
 from env_gateway.gateway import Gateway, open_gateway
 from env_gateway.http_mcp import HybridMcp
 from env_gateway.kube import Kube
+from env_gateway.logs import use_json_lines
 from env_gateway.mcp_sdk import build_session_manager
 from env_gateway.metrics import ROUTES, GatewayMetrics
 from env_gateway.sessions import Sessions
@@ -240,4 +241,7 @@ def create_app(settings: GatewaySettings, kube: Kube | None = None) -> _Routes:
 
 
 def app_from_env() -> _Routes:
-    return create_app(GatewaySettings())  # filled from GATEWAY_* env
+    settings = GatewaySettings()  # filled from GATEWAY_* env
+    if settings.log_format == "json":  # uvicorn configured its logging before calling this factory
+        use_json_lines()
+    return create_app(settings)

@@ -362,6 +362,7 @@ def e2e_values(
         "gateway": {"orchestratorTokenSecret": {"name": "orchestrator", "key": "token"}},
         "pods": pods,
         "environments": environment_images or {},
+        "logging": {"format": "json"},
     }
 
 

@@ -50,6 +50,15 @@ def test_deployments_ready_with_probes(release: Release) -> None:
         assert statuses[0]["image"].endswith(release.operator_image.rsplit("/", 1)[1])
 
 
+def test_both_components_log_one_json_object_per_line(release: Release) -> None:
+    """`logging.format: json` (the e2e values): kopf's JSON lines and the gateway's (logs.py)."""
+    for name in (OPERATOR_DEPLOYMENT, GATEWAY_DEPLOYMENT):
+        lines = [line for line in release.kubectl("logs", f"deployment/{name}").splitlines() if line.strip()]
+        assert lines, f"{name} logged nothing"
+        parsed = [json.loads(line) for line in lines]  # any text line fails here
+        assert all(isinstance(entry, dict) and entry.get("message") for entry in parsed), lines[:5]
+
+
 def test_operator_image_has_no_torch(release: Release) -> None:
     phase, logs = run_probe_pod(
         release, "import importlib.util as u; print('torch' if u.find_spec('torch') else 'no-torch')"

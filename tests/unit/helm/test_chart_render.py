@@ -507,3 +507,17 @@ def test_hf_jobs_needs_a_launcher_image_it_can_pull_and_is_told_so() -> None:
     assert "hfJobs.image is empty" in error and "make images" in error
     operator = main_container(render(HF_VALUES), f"{FULL}-operator")
     assert container_env(operator)["POSTTRAIN_HF_IMAGE"]["value"] == HF_VALUES["hfJobs"]["image"]
+
+
+def test_json_logs_reach_both_components_and_text_is_the_default() -> None:
+    def flags(docs: list[dict[str, Any]]) -> tuple[list[str], str]:
+        operator = main_container(docs, f"{FULL}-operator")
+        gateway = container_env(main_container(docs, f"{FULL}-gateway"))
+        return operator["args"], gateway["GATEWAY_LOG_FORMAT"]["value"]
+
+    args, gateway = flags(render(HF_VALUES))
+    assert not [a for a in args if a.startswith("--log-format")] and gateway == "text"
+    args, gateway = flags(render({**HF_VALUES, "logging": {"format": "json"}}))
+    assert "--log-format=json" in args and gateway == "json"
+    assert GatewaySettings.model_validate({"orchestrator_token": "t", "log_format": gateway}).log_format == "json"
+    assert "logging" in render_error({**HF_VALUES, "logging": {"format": "yaml"}})
