@@ -36,10 +36,10 @@ from posttrain_operator.backends.pods.names import (
     MANAGED_LABEL,
     NETWORK_POLICY,
     SOURCE_NAMESPACE_LABEL,
-    WHEELS_MOUNT,
     episode_namespace,
     label_value,
 )
+from posttrain_operator.backends.wheels import WHEELS_MOUNT
 
 from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
