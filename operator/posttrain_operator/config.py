@@ -71,6 +71,7 @@ class OperatorSettings(BaseSettings):
     # private dataset repo it commits their wheels to (default "<hf_namespace>/posttrain-packages").
     hf_package_index: str | None = None
     hf_package_repo: str | None = None
+    hf_staging_dir: str | None = None  # where those wheels are downloaded first (default: the temp dir)
     max_package_bytes: int = Field(default=1 << 30, gt=0)  # one job's wheels, on either backend
 
     @property

@@ -59,6 +59,7 @@ def _hf_jobs_backend(settings: OperatorSettings) -> Backend:
             http_timeout_s=settings.hf_http_timeout_seconds,
             package_index=settings.hf_package_index or None,
             package_repo=settings.hf_package_repo or None,
+            staging_dir=settings.hf_staging_dir or None,
             max_package_bytes=settings.max_package_bytes,
         )
     )

@@ -8,6 +8,7 @@ job with its idempotency key and always calls `find` before submitting again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import tempfile
@@ -76,6 +77,7 @@ class HfJobsConfig:
     package_repo: str | None = None  # default "<namespace>/posttrain-packages"
     package_arch: str = "x86_64"
     max_package_bytes: int = 1 << 30
+    staging_dir: str | None = None  # where wheels are downloaded before the commit (None: the temp dir)
 
 
 def _request_id(request: httpx2.Request) -> None:
@@ -106,6 +108,7 @@ class HfJobsBackend:
         self._prices: dict[str, int] = {}
         self._prices_at = 0.0
         self._prices_lock = asyncio.Lock()
+        self._staging = asyncio.Semaphore(2)
 
     async def _call(self, method: str, fn: Callable[[], T], *, retry: bool = True) -> T:
         """Run a blocking client call in a thread; retry transient failures with backoff."""
@@ -196,36 +199,39 @@ class HfJobsBackend:
         self, request: JobRequest, packages: Sequence[str]
     ) -> tuple[list[PackagePin], Volume]:
         """The job's wheels, resolved here (wheels.py), committed to the private package repo under the
-        job's key and mounted read-only at that commit: the job never reaches an index itself."""
+        job's key and mounted read-only at that commit: the job never reaches an index itself. Two
+        stagings at a time: the staging disk holds two jobs' wheels at most (the chart sizes it)."""
         assert self.config.package_index is not None
         repo = self.config.package_repo or f"{self.config.namespace}/posttrain-packages"
         folder = f"jobs/{label_value(request.key)}"
-        with tempfile.TemporaryDirectory(prefix="posttrain-wheels-") as tmp:
-            staged = Path(tmp, "wheels")
-            pins = await asyncio.to_thread(
-                stage_job_packages, request, packages, self.config.package_index, staged,
-                arch=self.config.package_arch, max_bytes=self.config.max_package_bytes,
-                timeout=self.config.http_timeout_s,
-            )  # fmt: skip
-
-            def commit() -> str:
-                self._api.create_repo(repo, repo_type="dataset", private=True, exist_ok=True)
-                if not self._api.repo_info(repo, repo_type="dataset").private:
-                    raise BackendError(
-                        f"the package repo {repo} is public: jobs' packages are staged only in a "
-                        "private repo (hfJobs.packageRepo)",
-                        transient=False,
-                    )
-                # The folder holds this staging alone: an earlier attempt's wheels are deleted.
-                info = self._api.upload_folder(
-                    repo_id=repo, repo_type="dataset", folder_path=staged, path_in_repo=folder,
-                    commit_message=f"wheels of job {request.key}", delete_patterns="*",
+        async with self._staging:
+            with tempfile.TemporaryDirectory(prefix="posttrain-wheels-", dir=self.config.staging_dir) as tmp:
+                staged = Path(tmp, "wheels")
+                pins = await asyncio.to_thread(
+                    stage_job_packages, request, packages, self.config.package_index, staged,
+                    arch=self.config.package_arch, max_bytes=self.config.max_package_bytes,
+                    timeout=self.config.http_timeout_s,
                 )  # fmt: skip
-                return str(info.oid)
-
-            revision = await self._call("stage_packages", commit)
+                commit = functools.partial(self._commit_wheels, repo, folder, staged)
+                revision = await self._call("stage_packages", commit)
         mount = {"path": folder, "mount_path": WHEELS_MOUNT, "read_only": True}
         return pins, Volume(type="dataset", source=repo, revision=revision, **mount)
+
+    def _commit_wheels(self, repo: str, folder: str, staged: Path) -> str:
+        """`staged` as `folder` of the private `repo` (made on first use), replacing what an earlier
+        attempt left there; the commit's id."""
+        self._api.create_repo(repo, repo_type="dataset", private=True, exist_ok=True)
+        if not self._api.repo_info(repo, repo_type="dataset").private:
+            raise BackendError(
+                f"the package repo {repo} is public: jobs' packages are staged only in a private repo "
+                "(hfJobs.packageRepo)",
+                transient=False,
+            )
+        info = self._api.upload_folder(
+            repo_id=repo, repo_type="dataset", folder_path=staged, path_in_repo=folder,
+            commit_message=f"wheels of {folder}", delete_patterns="*",
+        )  # fmt: skip
+        return str(info.oid)
 
     async def submit(self, request: JobRequest) -> Handle:
         packages = packages_to_stage(request, self.config.package_index, "hfJobs.packageIndex")

@@ -14,6 +14,7 @@ does the I/O in a thread."""
 
 from __future__ import annotations
 
+import contextlib
 import email.parser
 import hashlib
 import io
@@ -26,10 +27,11 @@ import urllib.parse
 import urllib.request
 import zipfile
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
@@ -46,6 +48,7 @@ PYTHON_FULL_VERSION = "3.11.14"  # the launcher image's default base, python:3.1
 GLIBC = (2, 36)
 _JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 _MAX_PAGE_BYTES = 8 << 20
+_CHUNK_BYTES = 1 << 20
 _SCHEMES = ("http", "https")
 LOCK_FILE = "requirements.lock"
 # Where a job finds its staged wheels (read-only), on every backend; the launcher installs the lock.
@@ -185,11 +188,11 @@ def marker_environment(arch: str) -> dict[str, str]:
 MAX_METADATA_BYTES = 1 << 20  # a wheel's METADATA, as its zip entry says it unpacks
 
 
-def declared_requirements(wheel: bytes) -> list[Requirement]:
+def declared_requirements(wheel: Path | bytes) -> list[Requirement]:
     """Every Requires-Dist of a wheel's METADATA, as declared (markers not yet evaluated). A METADATA
     that would unpack past MAX_METADATA_BYTES is refused unread: the wheel is untrusted."""
     try:
-        with zipfile.ZipFile(io.BytesIO(wheel)) as archive:
+        with zipfile.ZipFile(io.BytesIO(wheel) if isinstance(wheel, bytes) else wheel) as archive:
             info = next(
                 i
                 for i in archive.infolist()
@@ -235,8 +238,7 @@ class Staged:
 def resolve(
     requirements: Sequence[str],
     project_files: Callable[[str], list[IndexFile]],
-    download: Callable[[IndexFile, int], bytes],
-    keep: Callable[[str, bytes], None],
+    fetch: Callable[[IndexFile, int, str], Path],
     *,
     provided: Mapping[str, str],
     arch: str,
@@ -244,9 +246,9 @@ def resolve(
     max_wheels: int = MAX_WHEELS,
 ) -> tuple[list[Staged], dict[str, str]]:
     """The wheels of `requirements` and of everything they depend on that the image does not hold,
-    breadth first, each handed to `keep(filename, data)` as it arrives (one wheel in memory at a
-    time); `download(file, bytes_left)` returns a wheel whose sha256 was checked. Also returns what
-    the job asked for that the image holds (name -> its version)."""
+    breadth first; `fetch(file, bytes_left, filename)` writes one to disk as it streams in (never
+    whole in memory) and returns its path once its sha256 was checked. Also returns what the job
+    asked for that the image holds (name -> its version)."""
     tags = target_tags(arch)
     queue = deque((parse_requirement(text), "the job") for text in requirements)
     chosen: dict[str, Staged] = {}
@@ -279,13 +281,12 @@ def resolve(
         if len(chosen) == max_wheels:
             raise StagingError(f"the job's packages need more than {max_wheels} wheels", transient=False)
         file = choose(req, project_files(name), tags)
-        data = download(file, left)
-        left -= len(data)
-        version = str(parse_wheel_filename(file.filename)[1])
-        assert file.sha256 is not None  # download checked it
-        declared = declared_requirements(data)
         filename = Path(file.filename).name  # the index's file name is untrusted: its last component
-        keep(filename, data)
+        wheel = fetch(file, left, filename)
+        left -= wheel.stat().st_size
+        version = str(parse_wheel_filename(file.filename)[1])
+        assert file.sha256 is not None  # fetch checked it
+        declared = declared_requirements(wheel)
         pin = PackagePin(name, version, file.sha256.lower())
         chosen[name] = Staged(pin, declared, set(req.extras))
         queue.extend((dep, f"{name} {version}") for dep in applying(declared, req.extras, arch))
@@ -311,7 +312,9 @@ def read_lock(text: str) -> list[PackagePin]:
     return pins
 
 
-def _get(url: str, timeout: float, max_bytes: int, accept: str = "*/*") -> tuple[bytes, str]:
+@contextlib.contextmanager
+def _opened(url: str, timeout: float, accept: str = "*/*") -> Iterator[Any]:
+    """A response from the index, its errors (while reading too) as StagingError."""
     # Only the network: an index (or a redirect) naming file:// or ftp:// would read elsewhere.
     if urllib.parse.urlsplit(url).scheme not in _SCHEMES:
         raise StagingError(f"package index: {url!r} is not an http(s) URL", transient=False)
@@ -320,20 +323,34 @@ def _get(url: str, timeout: float, max_bytes: int, accept: str = "*/*") -> tuple
         with urllib.request.urlopen(request, timeout=timeout) as response:
             if urllib.parse.urlsplit(response.geturl()).scheme not in _SCHEMES:
                 raise StagingError(f"package index: {url} redirected off http(s)", transient=False)
-            data = response.read(max_bytes + 1)
-            content_type = response.headers.get("Content-Type", "")
+            yield response
     except urllib.error.HTTPError as exc:
         # 404: the project is not on the index, an answer; 5xx and the like may pass.
         raise StagingError(f"package index: GET {url}: HTTP {exc.code}", transient=exc.code >= 500) from None
     except (urllib.error.URLError, OSError) as exc:
         raise StagingError(f"package index unreachable: GET {url}: {exc}", transient=True) from None
+
+
+def _get(url: str, timeout: float, max_bytes: int, accept: str = "*/*") -> tuple[bytes, str]:
+    with _opened(url, timeout, accept) as response:
+        data = response.read(max_bytes + 1)
+        content_type = response.headers.get("Content-Type", "")
     if len(data) > max_bytes:
         raise StagingError(f"package index: {url} is larger than {max_bytes} bytes", transient=False)
     return data, content_type
 
 
-def _keep(path: Path, data: bytes) -> None:
-    path.write_bytes(data)
+def _download(url: str, timeout: float, max_bytes: int, path: Path) -> str:
+    """The file at `url` written to `path` in chunks, at most `max_bytes`; its sha256."""
+    digest, size = hashlib.sha256(), 0
+    with _opened(url, timeout) as response, path.open("wb") as out:
+        while chunk := response.read(_CHUNK_BYTES):
+            size += len(chunk)
+            if size > max_bytes:
+                raise StagingError(f"package index: {url} is larger than {max_bytes} bytes", transient=False)
+            digest.update(chunk)
+            out.write(chunk)
+    return digest.hexdigest()
 
 
 def stage(
@@ -359,13 +376,12 @@ def stage(
         body, content_type = _get(page_url, timeout, _MAX_PAGE_BYTES, f"{_JSON_TYPE}, text/html;q=0.5")
         return parse_index_page(body, content_type, page_url)
 
-    def download(file: IndexFile, left: int) -> bytes:
+    def fetch(file: IndexFile, left: int, filename: str) -> Path:
         if file.sha256 is None:
             raise StagingError(f"package index gives no sha256 for {file.filename}", transient=False)
-        data, _ = _get(file.url, timeout, left)
-        if hashlib.sha256(data).hexdigest() != file.sha256.lower():
+        if _download(file.url, timeout, left, work / filename) != file.sha256.lower():
             raise StagingError(f"{file.filename}: sha256 does not match the index", transient=False)
-        return data
+        return work / filename
 
     try:  # first: a store the operator cannot write fails before any download
         destination.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -374,9 +390,8 @@ def stage(
         raise StagingError(f"cannot stage wheels on the artifact store: {exc}", transient=False) from None
     try:
         staged, held = resolve(
-            requirements, project_files, download, lambda name, data: _keep(work / name, data),
-            provided=provided or {}, arch=arch, max_bytes=max_bytes,
-        )  # fmt: skip
+            requirements, project_files, fetch, provided=provided or {}, arch=arch, max_bytes=max_bytes
+        )
         pins = [wheel.pin for wheel in staged]
         (work / LOCK_FILE).write_text(lock_text(pins, held))
         for path in work.iterdir():

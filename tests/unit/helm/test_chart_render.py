@@ -521,3 +521,17 @@ def test_json_logs_reach_both_components_and_text_is_the_default() -> None:
     assert "--log-format=json" in args and gateway == "json"
     assert GatewaySettings.model_validate({"orchestrator_token": "t", "log_format": gateway}).log_format == "json"
     assert "logging" in render_error({**HF_VALUES, "logging": {"format": "yaml"}})
+
+
+def test_hf_package_staging_gets_its_own_sized_disk_and_only_when_packages_are_staged() -> None:
+    def staging(values: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        docs = render(values)
+        spec = one(docs, "Deployment", f"{FULL}-operator")["spec"]["template"]["spec"]
+        volumes = [v for v in spec["volumes"] if v["name"] == "staging"]
+        return volumes, container_env(spec["containers"][0])
+
+    volumes, env = staging({**HF_VALUES, "hfJobs": {**HF_VALUES["hfJobs"], "stagingSize": "5Gi"}})
+    assert volumes == [{"name": "staging", "emptyDir": {"sizeLimit": "5Gi"}}]
+    assert env["POSTTRAIN_HF_STAGING_DIR"]["value"] == "/var/lib/posttrain/staging"
+    volumes, env = staging({**HF_VALUES, "hfJobs": {**HF_VALUES["hfJobs"], "packageIndex": ""}})
+    assert volumes == [] and "POSTTRAIN_HF_STAGING_DIR" not in env
