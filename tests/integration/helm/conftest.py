@@ -94,6 +94,7 @@ def release(
             "namespace": HF_NAMESPACE,
             "endpoint": executing_emulator.url,
             "bucket": BUCKET,
+            "image": "localhost/posttrain-launcher:0.1.0",  # the emulator runs its own launcher
         },
         "admissionPolicy": {
             "enabled": True,
