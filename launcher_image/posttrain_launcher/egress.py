@@ -114,9 +114,10 @@ def default_gateway(route_table: str) -> str | None:
     return None
 
 
-def _read(path: str) -> str:
+def read_or_empty(path: str) -> str:
+    """A small system file's text ("" where it cannot be read)."""
     try:
-        with open(path, encoding="ascii", errors="replace") as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:
             return fh.read()
     except OSError:
         return ""
@@ -194,7 +195,7 @@ def bound(environ: Mapping[str, str]) -> float:
 
 def verify(environ: Mapping[str, str]) -> Outcome:
     """The check as the launcher runs it in a pod. Raises EgressConfigError on a bad probe list."""
-    probes = probes_for(environ, _read("/etc/resolv.conf"), _read("/proc/net/route"))
+    probes = probes_for(environ, read_or_empty("/etc/resolv.conf"), read_or_empty("/proc/net/route"))
     return check(probes, bound(environ))
 
 

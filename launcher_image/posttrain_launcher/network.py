@@ -26,6 +26,7 @@ import struct
 import time
 from typing import Literal
 
+from .egress import read_or_empty
 from .sandbox import NETLINK_ROUTE, set_dumpable
 
 Mode = Literal["unix", "loopback"]
@@ -116,7 +117,7 @@ def enter_own_namespace() -> None:
     The name matters: torchrun's rendezvous, accelerate and vLLM connect to the host's name, which
     /etc/hosts maps to the pod's address. On lo, that address is the job's own; nothing else is."""
     uid, gid = os.geteuid(), os.getegid()
-    own = hostname_addresses(_read_text("/etc/hosts"), socket.gethostname())
+    own = hostname_addresses(read_or_empty("/etc/hosts"), socket.gethostname())
     if uid == 0:
         _unshare(CLONE_NEWNET)
     else:
@@ -154,14 +155,6 @@ def hostname_addresses(hosts: str, hostname: str) -> list[str]:
         if not (packed.startswith(b"\x7f") if family == socket.AF_INET else packed == _IPV6_LOOPBACK):
             found.setdefault(packed, socket.inet_ntop(family, packed))
     return list(found.values())
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""
 
 
 def _unshare(flags: int) -> None:

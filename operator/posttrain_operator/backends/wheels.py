@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import email.parser
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -188,11 +187,11 @@ def marker_environment(arch: str) -> dict[str, str]:
 MAX_METADATA_BYTES = 1 << 20  # a wheel's METADATA, as its zip entry says it unpacks
 
 
-def declared_requirements(wheel: Path | bytes) -> list[Requirement]:
+def declared_requirements(wheel: Path) -> list[Requirement]:
     """Every Requires-Dist of a wheel's METADATA, as declared (markers not yet evaluated). A METADATA
     that would unpack past MAX_METADATA_BYTES is refused unread: the wheel is untrusted."""
     try:
-        with zipfile.ZipFile(io.BytesIO(wheel) if isinstance(wheel, bytes) else wheel) as archive:
+        with zipfile.ZipFile(wheel) as archive:
             info = next(
                 i
                 for i in archive.infolist()

@@ -26,11 +26,16 @@ pytestmark = requires_root
 NAMESPACES = {"given": LOOPBACK_ONLY, "made as root": (), "made as a pod": AS_POD}
 
 
+def _pod_outputs(job_root: Path) -> None:
+    """A pod's outputs are its own before the launcher starts (a launcher without root makes none)."""
+    (job_root / "outputs").mkdir()
+    os.chown(job_root / "outputs", 10000, 10000)
+
+
 @pytest.fixture(params=sorted(NAMESPACES))
 def namespace(request: pytest.FixtureRequest, job_root: Path) -> Sequence[str]:
-    if request.param == "made as a pod":  # a pod's outputs are its own before the launcher starts
-        (job_root / "outputs").mkdir()
-        os.chown(job_root / "outputs", 10000, 10000)
+    if request.param == "made as a pod":
+        _pod_outputs(job_root)
     return NAMESPACES[request.param]
 
 
@@ -39,8 +44,7 @@ def test_torchrun_gloo_an_http_server_and_getifaddrs_work_on_loopback(
     launch: Launch, job_root: Path, wrap: Sequence[str]
 ) -> None:
     if wrap == AS_POD:
-        (job_root / "outputs").mkdir()
-        os.chown(job_root / "outputs", 10000, 10000)
+        _pod_outputs(job_root)
     job = launch(job_script("loopback_stack.py"), network="loopback", wrap=wrap, timeout=900)
     assert job.returncode == 0, job.stderr[-4000:]
     result = job.result()
@@ -165,8 +169,7 @@ def test_loopback_is_refused_where_the_launcher_cannot_make_a_namespace(
         "import errno, os, sys, pyseccomp as s; f = s.SyscallFilter(s.ALLOW); "
         "f.add_rule(s.ERRNO(errno.EPERM), 'unshare'); f.load(); os.execvp(sys.argv[1], sys.argv[1:])"
     )
-    (job_root / "outputs").mkdir()
-    os.chown(job_root / "outputs", 10000, 10000)
+    _pod_outputs(job_root)
     job = launch("print('never runs')", network="loopback", wrap=(job_python, "-c", refuse_unshare, *AS_POD))
     assert job.returncode == 2 and "never runs" not in job.stdout, job.stderr
     assert "the launcher could not make one holding lo alone: unshare(0x50000000): " in job.stderr
@@ -215,8 +218,7 @@ def test_the_hosts_name_is_the_jobs_own_address_on_its_loopback(
     hosts = tmp_path / "hosts"
     hosts.write_text(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
     hosts.chmod(0o644)
-    (job_root / "outputs").mkdir()
-    os.chown(job_root / "outputs", 10000, 10000)
+    _pod_outputs(job_root)
     own_hosts = ("unshare", "--mount", "sh", "-c", f'mount --bind {hosts} /etc/hosts && exec "$@"', "sh")
     job = launch(fill(OWN_NAME, PORT=canary.port), network="loopback", wrap=(*own_hosts, *AS_POD))
     assert job.returncode == 0, job.stderr[-4000:]
