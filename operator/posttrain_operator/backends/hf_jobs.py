@@ -108,6 +108,7 @@ class HfJobsBackend:
         self._prices: dict[str, int] = {}
         self._prices_at = 0.0
         self._prices_lock = asyncio.Lock()
+        self._prices_failure: tuple[float, BackendError] | None = None
         self._staging = asyncio.Semaphore(2)
 
     async def _call(self, method: str, fn: Callable[[], T], *, retry: bool = True) -> T:
@@ -157,9 +158,19 @@ class HfJobsBackend:
         return Health(None, f"token accepted by {self.config.endpoint}")
 
     async def price(self, flavor: str) -> int:
+        asked_at = time.monotonic()
         async with self._prices_lock:
+            # A lookup that failed while this call waited for the lock is this call's answer too: callers
+            # queued behind a backend that does not answer share its retries rather than repeat them.
+            if self._prices_failure is not None and self._prices_failure[0] >= asked_at:
+                raise self._prices_failure[1]
             if not self._prices or time.monotonic() - self._prices_at > self.config.price_ttl_s:
-                hardware = await self._call("list_jobs_hardware", self._api.list_jobs_hardware)
+                try:
+                    hardware = await self._call("list_jobs_hardware", self._api.list_jobs_hardware)
+                except BackendError as exc:
+                    self._prices_failure = (time.monotonic(), exc)
+                    raise
+                self._prices_failure = None
                 self._prices = {h.name: int(h.unit_cost_micro_usd) for h in hardware}
                 self._prices_at = time.monotonic()
         if flavor not in self._prices:

@@ -187,7 +187,9 @@ async def _cheapest_price(ctx: Context, spec: EpisodeSpec, task: Task) -> int | 
     for flavor in allowed_flavors(spec, task):
         try:
             prices.append(await backend.price(flavor))
-        except BackendError:
+        except BackendError as exc:
+            if exc.transient:  # the backend is not answering: the other flavors would wait on it too
+                return None
             continue
     return min(prices) if prices else None
 

@@ -3,6 +3,7 @@ faults and their documented outcomes, and the token that must never leave the Au
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -85,6 +86,18 @@ async def test_price_lookup_is_cached_and_unknown_flavors_are_clear(
     with pytest.raises(UnknownFlavor, match="unknown flavor 'gpu-9000'"):
         await backend.price("gpu-9000")
     assert backend_emulator.request_count(routes.HARDWARE) == 1
+
+
+async def test_callers_queued_behind_a_failing_price_lookup_share_its_retries(
+    backend: HfJobsBackend, backend_emulator: HfEmulator
+) -> None:
+    backend_emulator.inject("http_error", route=routes.HARDWARE, status=503, count=None)
+    outcomes = await asyncio.gather(*(backend.price("cpu-basic") for _ in range(3)), return_exceptions=True)
+    assert all(isinstance(o, BackendError) and o.transient for o in outcomes), outcomes
+    # One lookup's retries, not one per caller (each would multiply a dead backend's wait).
+    assert backend_emulator.request_count(routes.HARDWARE) == backend.config.max_attempts
+    backend_emulator.clear_faults()
+    assert await backend.price("cpu-basic") == 167  # a later call asks again
 
 
 async def test_submit_find_status_logs_and_artifacts(
