@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from graders.tasks import GRADER_INPUT_BASE_MODEL, GRADER_INPUT_CHECKPOINT, GRADER_INPUT_SPLIT
+from graders.tasks import GRADER_INPUT_BASE_MODEL, GRADER_INPUT_CHECKPOINT, GRADER_INPUT_SPLIT, GraderPurpose
 
 
 def input_env_var(name: str) -> str:
@@ -21,9 +21,12 @@ class GraderInputs:
     checkpoint: Path
     split: Path
     base_model: Path | None
+    purpose: GraderPurpose = "score"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], *, needs_base_model: bool) -> GraderInputs:
+    def from_env(
+        cls, env: Mapping[str, str], *, needs_base_model: bool, purpose: GraderPurpose = "score"
+    ) -> GraderInputs:
         def required(name: str) -> Path:
             value = env.get(input_env_var(name))
             if not value:
@@ -34,4 +37,5 @@ class GraderInputs:
             checkpoint=required(GRADER_INPUT_CHECKPOINT),
             split=required(GRADER_INPUT_SPLIT),
             base_model=required(GRADER_INPUT_BASE_MODEL) if needs_base_model else None,
+            purpose=purpose,
         )

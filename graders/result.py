@@ -25,6 +25,15 @@ class GraderResult(BaseModel):
     reason: str | None = None
     details: dict[str, Any] = Field(default_factory=dict)
     grader_version: str
+    # (low, high) of the score's 95% interval, for graders that report one (e.g. over seeds).
+    interval: tuple[float, float] | None = None
+
+    @field_validator("interval")
+    @classmethod
+    def _ordered_within_unit(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not (0.0 <= value[0] <= value[1] <= 1.0):
+            raise ValueError(f"interval must be ordered within [0, 1], got {list(value)}")
+        return value
 
     @field_validator("score")
     @classmethod

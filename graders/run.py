@@ -13,11 +13,11 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, get_args
 
 from graders.inputs import OUTPUT_DIR_ENV, GraderInputs
 from graders.result import GraderResult, write_result
-from graders.tasks import Task, get_task
+from graders.tasks import GraderPurpose, Task, get_task
 
 RUNNER_VERSION = "run/1"
 EXIT_OK = 0
@@ -35,11 +35,11 @@ def _log(message: str) -> None:
     sys.stderr.write(f"posttrain-grader: {message}\n")
 
 
-def run_grader(task_name: str, env: Mapping[str, str]) -> GraderResult:
+def run_grader(task_name: str, env: Mapping[str, str], purpose: GraderPurpose = "score") -> GraderResult:
     """Grade per the task; any failure of the platform's side becomes status `error`, not an exception."""
     try:
         task = get_task(task_name)
-        inputs = GraderInputs.from_env(env, needs_base_model=task.base_model is not None)
+        inputs = GraderInputs.from_env(env, needs_base_model=task.base_model is not None, purpose=purpose)
         module: GraderModule = importlib.import_module(task.grader)
         return module.grade(task, inputs)
     except Exception as exc:
@@ -49,6 +49,7 @@ def run_grader(task_name: str, env: Mapping[str, str]) -> GraderResult:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m graders.run")
     parser.add_argument("--task", required=True)
+    parser.add_argument("--purpose", choices=get_args(GraderPurpose), default="score")
     args = parser.parse_args(argv)
     output_dir = os.environ.get(OUTPUT_DIR_ENV)
     if not output_dir:
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     # on a shared CPU; passive waiting measured 3-5x faster on a busy 2-core machine.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-    result = run_grader(args.task, os.environ)
+    result = run_grader(args.task, os.environ, args.purpose)
     write_result(Path(output_dir), result)
     _log(f"task {args.task}: status {result.status}, n {result.n}, result written")
     if result.status == "error":

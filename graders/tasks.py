@@ -38,6 +38,8 @@ GRADER_INPUT_SPLIT = "split"
 AGENT_INPUT_MODEL = "model"
 
 RESULT_FILE = "result.json"
+# Why a grader job runs: the agent's `dev_evaluate` on the dev split, or the score on the hidden one.
+GraderPurpose = Literal["devEval", "score"]
 
 
 class RepoRef(BaseModel):
@@ -192,16 +194,17 @@ class Task(BaseModel):
         """The environment images its jobs need."""
         return {e for e in (self.agent_environment, self.grader_environment) if e is not None}
 
-    def grader_split(self, purpose: Literal["devEval", "score"]) -> RepoRef:
+    def grader_split(self, purpose: GraderPurpose) -> RepoRef:
         """The split a grader job mounts: dev for the agent's `dev_evaluate`, hidden for `submit`."""
         return self.hidden_split if purpose == "score" else self.dev_split
 
-    def grader_command(self) -> list[str]:
-        return ["python", "-m", "graders.run", "--task", self.name]
+    def grader_command(self, purpose: GraderPurpose = "score") -> list[str]:
+        return ["python", "-m", "graders.run", "--task", self.name, "--purpose", purpose]
 
-    def grader_script(self) -> str:
+    def grader_script(self, purpose: GraderPurpose = "score") -> str:
         """Python source for a launcher job of role `grader` (the launcher runs a script, not argv)."""
-        return f"import sys\nfrom graders.run import main\nsys.exit(main(['--task', {self.name!r}]))\n"
+        argv = ["--task", self.name, "--purpose", purpose]
+        return f"import sys\nfrom graders.run import main\nsys.exit(main({argv!r}))\n"
 
 
 class AssetLocation(BaseSettings):

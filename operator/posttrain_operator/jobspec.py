@@ -15,6 +15,7 @@ from graders.tasks import (
     GRADER_INPUT_BASE_MODEL,
     GRADER_INPUT_CHECKPOINT,
     GRADER_INPUT_SPLIT,
+    GraderPurpose,
     RepoRef,
     Task,
 )
@@ -144,7 +145,8 @@ def build_request(
         assert spec.checkpoint_from is not None  # validate_against_task guarantees it
         if task.base_model is not None:
             repos.append(_mount(GRADER_INPUT_BASE_MODEL, task.base_model))
-        split = task.grader_split("score" if spec.purpose == "score" else "devEval")
+        purpose: GraderPurpose = "score" if spec.purpose == "score" else "devEval"
+        split = task.grader_split(purpose)
         repos.append(_mount(GRADER_INPUT_SPLIT, split))
         checkpoint = OutputMount(
             prefix=output_prefix(namespace, spec.episode, spec.checkpoint_from),
@@ -155,7 +157,7 @@ def build_request(
         inputs[GRADER_INPUT_CHECKPOINT] = checkpoint.mount_path
         launcher |= {
             "role": "grader",
-            "script": task.grader_script(),
+            "script": task.grader_script(purpose),
             "packages": [],
             "limits": limits.launcher_limits(),
         }

@@ -227,6 +227,9 @@ class EpisodeStatus(ApiModel):
     reward: str | None = Field(
         default=None, description="reward is a decimal string; null when GraderFailed."
     )
+    reward_interval: ScoreInterval | None = Field(
+        default=None, description="rewardInterval is the reward's 95% interval, where the grader gives one."
+    )
     message: str | None = Field(default=None, max_length=4096, description="message explains the phase.")
     ledger: Ledger = Field(
         default_factory=Ledger, description="ledger is the budget's accounting, in integer micro-dollars."
@@ -319,9 +322,17 @@ class InstalledPackage(ApiModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 is the wheel's, as installed.")
 
 
+class ScoreInterval(ApiModel):
+    low: str = Field(max_length=16, description="low is the interval's lower end, a decimal string.")
+    high: str = Field(max_length=16, description="high is the interval's upper end, a decimal string.")
+
+
 class GradeResult(ApiModel):
     status: str = Field(max_length=64, description="status is ok, invalid_checkpoint or error.")
     score: str | None = Field(default=None, description="score is a decimal string in [0, 1].")
+    interval: ScoreInterval | None = Field(
+        default=None, description="interval is the score's 95% interval, where the grader reports one."
+    )
     n: int | None = Field(default=None, description="n is the number of examples graded.")
     reason: str | None = Field(default=None, max_length=4096, description="reason explains a non-ok status.")
     grader_version: str | None = Field(default=None, description="graderVersion identifies the grader.")

@@ -11,7 +11,7 @@ from typing import Any
 
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import EpisodeStatus, Outcome, status_of
+from posttrain_operator.api.models import EpisodeStatus, Outcome, ScoreInterval, status_of
 from posttrain_operator.api.rules import ENDED_PHASES, format_time
 from posttrain_operator.backends.base import SupportsEpisodeCleanup
 from posttrain_operator.reconcile.cancellation import cancel_all
@@ -27,6 +27,7 @@ class End:
     reward: str | None
     message: str
     phase: str = "Completed"
+    reward_interval: ScoreInterval | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
         conditions, _ = ctx.set_condition(fresh, current.conditions, cond.READY, False, *why)
         conditions, _ = ctx.set_condition(fresh, conditions, cond.ENDED, True, *why)
         update = {"phase": end.phase, "outcome": end.outcome, "reward": end.reward, "message": end.message,
-                  "ended_at": format_time(ctx.clock()), "conditions": conditions}  # fmt: skip
+                  "reward_interval": end.reward_interval, "ended_at": format_time(ctx.clock()),
+                  "conditions": conditions}  # fmt: skip
         return current.model_copy(update=update), None
 
     meta = body["metadata"]

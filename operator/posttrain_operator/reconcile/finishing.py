@@ -22,6 +22,7 @@ from posttrain_operator.api.models import (
     EgressCounts,
     EpisodeStatus,
     GradeResult,
+    ScoreInterval,
     status_of,
 )
 from posttrain_operator.api.money import micro_to_usd
@@ -65,9 +66,13 @@ async def grade(ctx: Context, backend_name: str, prefix: str) -> GradeResult:
         result = GraderResult.model_validate(json.loads(raw))
     except (FileNotFoundError, BackendError, ValueError) as exc:
         return GradeResult(status="error", reason=f"no valid {RESULT_FILE}: {exc}"[:4096])
+    interval = None
+    if result.interval is not None:
+        interval = ScoreInterval(low=format_score(result.interval[0]), high=format_score(result.interval[1]))
     return GradeResult(
         status=result.status,
         score=format_score(result.score),
+        interval=interval,
         n=result.n,
         reason=result.reason,
         grader_version=result.grader_version,

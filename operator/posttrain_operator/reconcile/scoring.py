@@ -35,7 +35,10 @@ def scoring_outcome(score_job: dict[str, Any] | None) -> End | None:
         and result.status == "ok"
         and result.score is not None
     ):
-        return End("Scored", result.score, f"hidden-split score {result.score} (n={result.n})")
+        interval = result.interval
+        within = f", 95% interval [{interval.low}, {interval.high}]" if interval is not None else ""
+        message = f"hidden-split score {result.score} (n={result.n}{within})"
+        return End("Scored", result.score, message, reward_interval=interval)
     if status.phase == "Succeeded" and result is not None and result.status == "invalid_checkpoint":
         # The policy's own fault: a real zero, not a platform failure.
         return End("Scored", "0", f"invalid checkpoint: {result.reason}")

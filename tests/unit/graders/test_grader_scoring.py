@@ -1,5 +1,7 @@
 import pytest
+from pydantic import ValidationError
 
+from graders.result import GraderResult
 from graders.scoring import artifact_matches, exact_match_accuracy, is_correct, parse_formatted_answer
 
 
@@ -68,3 +70,13 @@ def test_artifact_matches(answer: object, want: tuple[bool, int]) -> None:
 
 def test_artifact_bool_is_not_an_integer() -> None:
     assert artifact_matches({"k": True}, [{"key": "k", "expected": 1}]) == (False, 0)
+
+
+@pytest.mark.parametrize("interval", [(0.6, 0.4), (-0.1, 0.5), (0.2, 1.5)])
+def test_a_result_refuses_an_interval_out_of_order_or_outside_the_unit_range(
+    interval: tuple[float, float],
+) -> None:
+    with pytest.raises(ValidationError, match="interval must be ordered within"):
+        GraderResult(score=0.5, n=10, status="ok", grader_version="g/1", interval=interval)
+    ok = GraderResult(score=0.5, n=10, status="ok", grader_version="g/1", interval=(0.4, 0.6))
+    assert GraderResult.model_validate_json(ok.model_dump_json()).interval == (0.4, 0.6)

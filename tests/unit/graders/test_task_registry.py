@@ -84,11 +84,11 @@ def test_budget_must_be_a_positive_decimal_string() -> None:
             type(get_task("t0_artifact")).model_validate({**fields, "default_budget_usd": bad})
 
 
-def test_grader_script_runs_the_task_grader() -> None:
-    script = get_task("t0_artifact").grader_script()
+def test_grader_script_runs_the_task_grader_for_its_purpose() -> None:
+    script = get_task("t0_artifact").grader_script("devEval")
     compile(script, "<grader>", "exec")
     assert "graders.run" in script
-    assert "'t0_artifact'" in script
+    assert "['--task', 't0_artifact', '--purpose', 'devEval']" in script
 
 
 @pytest.mark.parametrize(

@@ -186,6 +186,19 @@ def test_scoring_outcome(job: dict[str, Any], outcome: str | None, reward: str |
         assert end is not None and (end.outcome, end.reward) == (outcome, reward)
 
 
+def test_a_score_with_an_interval_carries_it_into_the_end() -> None:
+    result = {"status": "ok", "score": "0.41", "n": 1319, "interval": {"low": "0.385", "high": "0.437"}}
+    end = scoring_outcome(_score_job("Succeeded", result))
+    assert end is not None and end.reward == "0.41"
+    assert end.reward_interval is not None and (end.reward_interval.low, end.reward_interval.high) == (
+        "0.385",
+        "0.437",
+    )
+    assert "95% interval [0.385, 0.437]" in end.message
+    plain = scoring_outcome(_score_job("Succeeded", {"status": "ok", "score": "0.5", "n": 2}))
+    assert plain is not None and plain.reward_interval is None
+
+
 def test_train_jobs_never_see_any_grading_split() -> None:
     _, spec = _job(datasets=[])
     request = build_request(spec=spec, task=ARITHMETIC, namespace="ns", job_name="j1", uid="u1")
@@ -208,6 +221,7 @@ def test_grader_jobs_mount_one_split_and_the_checkpoint_read_only(purpose: str, 
     (checkpoint,) = request.inputs_from
     assert checkpoint.prefix == "ns/ep/j0" and checkpoint.read_only
     assert request.launcher_spec["role"] == "grader" and request.launcher_spec["packages"] == []
+    assert f"'--purpose', '{purpose}'" in request.launcher_spec["script"]  # the grader knows why it runs
 
 
 @pytest.mark.parametrize(
