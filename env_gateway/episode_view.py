@@ -145,4 +145,10 @@ class EpisodeView:
             "phase": self.status.phase or "Pending",
             "outcome": self.status.outcome,
             "reward_decimal": self.status.reward if self.done else None,
+            "reward_interval": self._reward_interval(),
         }
+
+    def _reward_interval(self) -> list[str] | None:
+        """The reward's 95% interval as [low, high] decimal strings, once ended, where the grader gave one."""
+        interval = self.status.reward_interval
+        return [interval.low, interval.high] if self.done and interval is not None else None

@@ -34,6 +34,10 @@ def age(created: str | None, now: datetime) -> str:
     return f"{seconds}s"
 
 
+def _interval(interval: Obj | None) -> str:
+    return f" (95% interval {interval['low']}-{interval['high']})" if interval else ""
+
+
 def episode_row(ep: Obj, now: datetime) -> tuple[str, ...]:
     status, spec = ep.get("status") or {}, ep.get("spec") or {}
     ledger = status.get("ledger") or {}
@@ -118,7 +122,8 @@ def describe(ep: Obj, jobs: list[Obj], now: datetime) -> str:
         f"Episode:   {ep['metadata']['namespace']}/{ep['metadata']['name']}",
         f"Task:      {spec.get('task')}   Backend: {spec.get('backend')}",
         f"Phase:     {status.get('phase') or 'Pending'}   Outcome: {status.get('outcome') or '-'}"
-        f"   Reward: {status.get('reward') if status.get('reward') is not None else '-'}",
+        f"   Reward: {status.get('reward') if status.get('reward') is not None else '-'}"
+        + _interval(status.get("rewardInterval")),
         f"Steps:     {status.get('steps') or 0}   Started: {status.get('startedAt') or '-'}"
         f"   Deadline: {status.get('deadline') or '-'}",
         f"Budget:    ${micro_to_usd(int(ledger.get('budgetMicroUSD') or 0))}"

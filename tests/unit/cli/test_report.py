@@ -87,6 +87,12 @@ def test_namespace_report_places_scored_episodes() -> None:
     assert pixels_of(png, "#1f77b4") > 20  # the one scored episode's point
 
 
+def test_describe_shows_the_rewards_interval_where_the_grader_gave_one() -> None:
+    scored = {**EPISODE, "status": {**EPISODE["status"], "rewardInterval": {"low": "0.38", "high": "0.44"}}}
+    assert "(95% interval 0.38-0.44)" in describe(scored, JOBS, NOW)
+    assert "95% interval" not in describe(EPISODE, JOBS, NOW)
+
+
 def test_describe_lists_every_ledger_entry_with_its_job() -> None:
     text = describe(EPISODE, JOBS, NOW)
     lines = {line.split()[0]: line.split() for line in text.splitlines()[7:] if line.strip()}

@@ -74,6 +74,15 @@ def test_done_and_reward(status: dict[str, Any], want_done: bool, want_reward: f
     assert (view.done, view.reward) == (want_done, want_reward)
 
 
+def test_the_rewards_interval_reaches_the_trainer_once_the_episode_ends() -> None:
+    interval = {"low": "0.38", "high": "0.44"}
+    scored = {"phase": "Completed", "outcome": "Scored", "reward": "0.41", "rewardInterval": interval}
+    meta = EpisodeView.of(episode(**scored), get_task("t0_artifact")).metadata(NOW)
+    assert (meta["reward_decimal"], meta["reward_interval"]) == ("0.41", ["0.38", "0.44"])
+    running = EpisodeView.of(episode(phase="Running"), get_task("t0_artifact")).metadata(NOW)
+    assert running["reward_interval"] is None
+
+
 def test_a_body_is_parsed_once_and_a_new_version_or_object_is_parsed_again() -> None:
     body = episode(steps=1)
     view = EpisodeView.parse(body)
