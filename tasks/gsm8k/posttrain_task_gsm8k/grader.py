@@ -5,7 +5,7 @@ The model is the base's architecture, config and tokenizer with the checkpoint's
 and a GPU present it generates with vLLM; otherwise with transformers, by a decode loop of its own in
 which each question draws from its own generator, so a question's completion does not depend on which
 others share its batch. The score job grades the whole hidden split over `seeds` seeds and reports a
-bootstrap 95% interval; a dev job grades a seeded sample of `dev_questions` questions with one seed.
+bootstrap 95% interval; a dev job grades a seeded sample of `DEV_QUESTIONS` questions with one seed.
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ from graders.result import GraderResult
 from graders.tasks import DATASET_FILE, Task
 from posttrain_task_gsm8k.prompt import STOP, cut_at_stop, render
 from posttrain_task_gsm8k.scoring import grade as grade_completion
-from posttrain_task_gsm8k.settings import Gsm8kSettings
 from posttrain_task_gsm8k.statistics import seed_mean_with_interval
 
 GRADER_VERSION = "gsm8k/1"
+# The score is the mean over this many seeds; a dev evaluation uses one, on DEV_QUESTIONS of dev.
+SEEDS = 3
+DEV_QUESTIONS = 200
+MAX_NEW_TOKENS = 512
 TEMPERATURE = 0.6
 TOP_P = 0.95
 BATCH_SIZE = 32
@@ -150,21 +153,20 @@ def ignored_files(checkpoint: Path) -> list[str]:
 
 
 def grade(task: Task, inputs: GraderInputs) -> GraderResult:
-    settings = Gsm8kSettings()
     torch.set_num_threads(TORCH_THREADS)
     if inputs.base_model is None:
         raise RuntimeError(f"task {task.name} needs its base model as a grader input")
     records = read_jsonl(inputs.split / DATASET_FILE)
     is_dev = inputs.purpose == "devEval"
-    if is_dev and len(records) > settings.dev_questions:
-        records = random.Random(DEV_SAMPLE_SEED).sample(records, settings.dev_questions)
+    if is_dev and len(records) > DEV_QUESTIONS:
+        records = random.Random(DEV_SAMPLE_SEED).sample(records, DEV_QUESTIONS)
     try:
         model, tokenizer = load_strict(inputs.base_model, inputs.checkpoint)
     except InvalidCheckpoint as exc:
         return GraderResult.invalid_checkpoint(str(exc), GRADER_VERSION)
     prompts = [render(str(record["question"])) for record in records]
     references = [str(record["answer"]) for record in records]
-    seeds = 1 if is_dev else settings.seeds
+    seeds = 1 if is_dev else SEEDS
     use_vllm = vllm_available()
     if torch.cuda.is_available():
         torch.nn.Module.to(model, device="cuda", dtype=torch.bfloat16)  # in place
@@ -172,7 +174,7 @@ def grade(task: Task, inputs: GraderInputs) -> GraderResult:
     flexible_by_seed: list[list[bool]] = []
     for seed in range(seeds):
         generate = vllm_completions if use_vllm else transformers_completions
-        completions = generate(model, tokenizer, prompts, seed=seed, max_new_tokens=settings.max_new_tokens)
+        completions = generate(model, tokenizer, prompts, seed=seed, max_new_tokens=MAX_NEW_TOKENS)
         graded = [grade_completion(c, r) for c, r in zip(completions, references, strict=True)]
         strict_by_seed.append([g.strict for g in graded])
         flexible_by_seed.append([g.flexible for g in graded])

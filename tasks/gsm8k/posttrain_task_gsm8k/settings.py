@@ -1,5 +1,6 @@
 """What a lab may point the task at: the base model, its flavor and the limits, from the environment
-(POSTTRAIN_TASK_GSM8K_*, set by the chart on the operator, the gateway and the task's jobs alike).
+(POSTTRAIN_TASK_GSM8K_*, set by the chart on the operator and the gateway). How answers are generated
+and scored is the benchmark's and not a setting (`grader.py`): grader jobs never read these.
 
 The defaults are PostTrainBench's: a Qwen3 base model, one Hopper-class GPU for ten hours. `standin`
 swaps in the project's own tiny model and generated GSM8K-format data (`standin.py`), on CPU flavors,
@@ -33,8 +34,4 @@ class Gsm8kSettings(BaseSettings):
     max_job_timeout_seconds: int = Field(default=10 * HOUR, ge=60)
     scoring_timeout_seconds: int = Field(default=2 * HOUR, ge=60)
     max_steps: int = Field(default=400, gt=0)
-    # The hidden score is the mean over this many generation seeds; dev grading uses one.
-    seeds: int = Field(default=3, ge=1, le=16)
-    dev_questions: int = Field(default=200, ge=1)
-    max_new_tokens: int = Field(default=512, ge=16, le=4096)
     standin: bool = False

@@ -82,7 +82,7 @@ def test_the_stand_in_differs_only_in_its_repos(installed: None, monkeypatch: py
     ("variable", "value", "message"),
     [
         ("POSTTRAIN_TASK_GSM8K_BASE_MODEL", "not a repo", "base_model"),
-        ("POSTTRAIN_TASK_GSM8K_SEEDS", "0", "seeds"),
+        ("POSTTRAIN_TASK_GSM8K_MAX_STEPS", "0", "max_steps"),
         ("POSTTRAIN_TASK_GSM8K_FLAVOR", "", "flavor"),
         ("POSTTRAIN_TASK_GSM8K_MAX_WALL_SECONDS", "-1", "max_wall_seconds"),
     ],
