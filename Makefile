@@ -17,13 +17,13 @@ export UV_CACHE_DIR ?= $(CACHE_DIR)/uv-cache
 $(UV):
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target $(CACHE_DIR)/tools/uv-$(UV_VERSION) uv==$(UV_VERSION)
 
-TASK_PLUGIN := examples/linear-map-task
+TASK_PLUGINS := examples/linear-map-task tasks/gsm8k
 
-# The third task is a plugin in a package of its own, installed beside the project the way a lab
-# would install theirs (sync removes what the lock does not name, so it is installed after).
-$(VENV)/.synced: $(UV) pyproject.toml uv.lock $(TASK_PLUGIN)/pyproject.toml
+# Two tasks are plugins in packages of their own, installed beside the project the way a lab would
+# install theirs (sync removes what the lock does not name, so they are installed after).
+$(VENV)/.synced: $(UV) pyproject.toml uv.lock $(addsuffix /pyproject.toml,$(TASK_PLUGINS))
 	$(UV) sync --locked --all-extras --quiet
-	$(UV) pip install --quiet --no-deps --editable $(TASK_PLUGIN)
+	$(UV) pip install --quiet --no-deps $(addprefix --editable ,$(TASK_PLUGINS))
 	@touch $@
 
 .PHONY: venv

@@ -170,6 +170,9 @@ class WaitResult(BaseModel):
     episode_phase: str | None = None
     outcome: str | None = None
     reward: str | None = None
+    reward_interval: list[str] | None = Field(
+        default=None, description="The reward's 95% interval [low, high], where the task's grader gives one."
+    )
 
 
 class LogsResult(BaseModel):

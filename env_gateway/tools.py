@@ -272,10 +272,15 @@ async def jobs_wait(ctx: ToolContext, args: JobsWaitArgs) -> WaitResult:
             episode_phase=status.get("phase"),
             outcome=status.get("outcome"),
             reward=status.get("reward"),
+            reward_interval=_interval(status.get("rewardInterval")),
         )
     job = await _own_job(ctx, args.job)
     job = await _wait_for(ctx, args.job, job, lambda j: _phase(j) in TERMINAL_JOB_PHASES, timeout)
     return WaitResult(finished=_phase(job) in TERMINAL_JOB_PHASES, job=job_view(job))
+
+
+def _interval(interval: dict[str, str] | None) -> list[str] | None:
+    return [interval["low"], interval["high"]] if interval else None
 
 
 async def _wait_for_any_change(ctx: ToolContext, names: list[str], seconds: float) -> WaitResult:

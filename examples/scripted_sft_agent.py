@@ -30,6 +30,7 @@ EXAMPLES = Path(__file__).resolve().parent
 SOLUTIONS = {
     "t0_artifact": (EXAMPLES / "t0_artifact_solution.py", 300),
     "t0_arithmetic_format": (EXAMPLES / "train_arithmetic_sft.py", 1800),
+    "gsm8k": (EXAMPLES / "train_gsm8k_sft.py", 3600),
 }
 
 
@@ -38,6 +39,7 @@ class EpisodeResult:
     task: str
     episode: str
     reward: str | None
+    reward_interval: list[str] | None
     outcome: str
     dev_score: str | None
     spend_usd: str
@@ -132,6 +134,7 @@ async def run_episode(
         task=task,
         episode=episode,
         reward=final.get("reward"),
+        reward_interval=final.get("reward_interval"),
         outcome=final.get("outcome", "?"),
         dev_score=dev_score,
         spend_usd=_last_spend.get("settled_usd", "?"),

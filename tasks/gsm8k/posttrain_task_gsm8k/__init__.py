@@ -13,6 +13,7 @@ from decimal import Decimal
 
 from graders.job_limits import GiB, JobLimits, MiB
 from graders.tasks import AssetLocation, RepoRef, Task, TaskLimits, TaskPlugin
+from posttrain_task_gsm8k.prompt import render
 from posttrain_task_gsm8k.settings import HOUR, Gsm8kSettings
 
 NAME = "gsm8k"
@@ -35,8 +36,9 @@ per line with GSM8K's fields: "question", and "answer" (worked solution ending i
 The score is on a hidden test set you never see.
 
 How it is graded: each question is put to the model as one user turn in ChatML, always with the
-task's own chat template (never your checkpoint's), asking for the final answer on a line of its own as
-"#### <number>". Completions are sampled (temperature 0.6, top-p 0.95) with fixed seeds; the answer is
+task's own chat template (never your checkpoint's): the model continues this text exactly,
+{prompt!r}
+where QUESTION is the question. Completions are sampled (temperature 0.6, top-p 0.95) with fixed seeds; the answer is
 the first "#### <number>" (lm-evaluation-harness's strict match; commas and "$" ignored). The score is
 the accuracy averaged over several seeds, reported with a bootstrap 95% interval.
 
@@ -44,7 +46,7 @@ Your checkpoint is the output dir ($POSTTRAIN_OUTPUT_DIR) of a train job: the ba
 the same names and shapes, in *.safetensors files (e.g. `model.save_pretrained(out)`); the grader reads
 nothing else from it (no config, no tokenizer, no code). Chain jobs with inputsFrom (resume, SFT then
 RL). Check a checkpoint with `dev_evaluate` (one seed, a sample of dev), then `submit` the job.
-"""
+""".format(prompt=render("QUESTION"))
 
 
 def define(assets: AssetLocation) -> Task:

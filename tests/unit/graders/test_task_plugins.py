@@ -119,8 +119,8 @@ def test_a_plugin_within_the_maxima_keeps_its_own_limits_in_its_public_view(
     site: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     install(site, "lab-tasks", "lab_task", {"lab_task": "lab_task:PLUGIN"})
-    # The most the builtin tasks ask for (t0_arithmetic_format_trl), above the plugin's 2 GiB.
-    monkeypatch.setenv("POSTTRAIN_MAX_JOB_MAX_OUTPUT_BYTES", str(16 << 30))
+    # The most the installed tasks ask for (gsm8k), far above the plugin's 2 GiB.
+    monkeypatch.setenv("POSTTRAIN_MAX_JOB_MAX_OUTPUT_BYTES", str(48 << 30))
     view = tasks.get_task("lab_task").public_view()
     assert view.agent_job_limits.max_output_bytes == 2 << 30
     assert view.grader_job_limits.max_log_file_bytes == 0

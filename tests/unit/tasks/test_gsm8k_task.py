@@ -3,33 +3,19 @@ the benchmark by default, pointed elsewhere (or at the stand-in) by its settings
 
 from __future__ import annotations
 
-import sys
-import tomllib
 from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
 from graders import tasks
 from graders.tasks import TaskRegistryError
 
-PACKAGE = Path(__file__).resolve().parents[3] / "tasks" / "gsm8k"
-
 
 @pytest.fixture
-def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The package's metadata as `pip install` leaves it, with the entry points its pyproject declares."""
-    project = tomllib.loads((PACKAGE / "pyproject.toml").read_text())["project"]
-    info = tmp_path / f"posttrain_task_gsm8k-{project['version']}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: 0.1\n")
-    points = project["entry-points"][tasks.ENTRY_POINT_GROUP]
-    lines = "".join(f"{name} = {value}\n" for name, value in points.items())
-    (info / "entry_points.txt").write_text(f"[{tasks.ENTRY_POINT_GROUP}]\n{lines}")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in [m for m in sys.modules if m.startswith("posttrain_task_gsm8k")]:
-        monkeypatch.delitem(sys.modules, name)
+def installed() -> Iterator[None]:
+    """The registry read afresh (settings are read when it loads), with the package installed as a lab
+    would (`make venv` installs it beside the project)."""
     tasks._registry.cache_clear()
     yield
     tasks._registry.cache_clear()

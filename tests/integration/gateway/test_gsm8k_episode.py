@@ -1,0 +1,107 @@
+"""`gsm8k` played to the end on the HF Jobs emulator, on the stand-in (a tiny Qwen3 with a real BPE
+tokenizer and GSM8K-format data, built here): the scripted agent fine-tunes it with trl's SFTTrainer,
+checks it with `dev_evaluate` and submits it; the operator's score job grades it over three seeds.
+Everything but the repo ids is the real task's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devstack import cluster as devcluster
+from devstack.hf_emulator import HfEmulator
+from graders import tasks
+from graders.assets import materialize_assets
+from tests.conftest import Kubectl
+from tests.helpers import kubectl_json
+from tests.integration.conftest import OperatorProcess, running_operator
+from tests.integration.gateway.conftest import GatewayServer, gateway_beside
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+import scripted_sft_agent
+
+STANDIN = {
+    "POSTTRAIN_TASK_GSM8K_STANDIN": "true",
+    "POSTTRAIN_TASK_GSM8K_FLAVOR": "cpu-upgrade",  # the stand-in runs on CPU; the real task on h200
+    "POSTTRAIN_TASK_GSM8K_MAX_JOB_TIMEOUT_SECONDS": "3600",
+}
+
+
+@pytest.fixture
+def standin_operator(
+    cluster: devcluster.ClusterState,
+    crds: None,
+    executing_emulator: HfEmulator,
+    tmp_path: Path,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[OperatorProcess]:
+    """The operator, the gateway's registry (in this process) and the emulator's Hub, all on the stand-in."""
+    for name, value in STANDIN.items():
+        monkeypatch.setenv(name, value)
+    tasks._registry.cache_clear()
+    for repo in materialize_assets():  # builds the stand-in's repos once (cached by revision)
+        executing_emulator.repos.register(repo.ref.kind, repo.ref.repo_id, repo.ref.revision, repo.path)
+    images = json.dumps({"trl": "registry.example/posttrain-env-trl:test"})  # the emulator runs any image
+    try:
+        with running_operator(
+            cluster, executing_emulator, tmp_path, namespace, POSTTRAIN_ENVIRONMENT_IMAGES=images, **STANDIN
+        ) as op:
+            yield op
+    finally:
+        tasks._registry.cache_clear()
+
+
+@pytest.fixture
+def standin_gateway(
+    cluster: devcluster.ClusterState,
+    namespace: str,
+    standin_operator: OperatorProcess,
+    gateway_sa_token: Path,
+) -> Iterator[GatewayServer]:
+    yield from gateway_beside(standin_operator, cluster, namespace, gateway_sa_token)
+
+
+def test_the_scripted_agent_plays_the_stand_in_to_a_seed_mean_reward_with_its_interval(
+    kubectl: Kubectl, standin_gateway: GatewayServer, executing_emulator: HfEmulator
+) -> None:
+    gw = standin_gateway
+    result = asyncio.run(
+        scripted_sft_agent.run_episode(
+            gw.url, gw.orchestrator_token, "gsm8k", say=lambda m: print(m, flush=True)
+        )
+    )
+    print(f"gsm8k stand-in: dev {result.dev_score} hidden {result.reward} {result.reward_interval}")
+    assert result.outcome == "Scored" and result.reward is not None, result
+    assert result.dev_score is not None
+
+    episode: dict[str, Any] = kubectl_json(kubectl, "-n", gw.namespace, "get", "episode", result.episode)
+    status = episode["status"]
+    score_job = kubectl_json(kubectl, "-n", gw.namespace, "get", "agentjob", status["scoringJob"])
+    graded = score_job["status"]["result"]
+    # The reward is the score job's seed mean, and its interval (in status) contains it.
+    assert status["reward"] == graded["score"] and status["rewardInterval"] == graded["interval"]
+    low, high = (float(status["rewardInterval"][end]) for end in ("low", "high"))
+    assert low <= float(status["reward"]) <= high
+    assert result.reward_interval == [status["rewardInterval"]["low"], status["rewardInterval"]["high"]]
+    assert float(status["reward"]) > 0, "the fine-tuned stand-in answers some hidden questions"
+
+    # The hidden split is mounted into the score job and into no other job (the emulator's records).
+    hidden = tasks.get_task("gsm8k").hidden_split.repo_id
+    jobs = kubectl_json(kubectl, "-n", gw.namespace, "get", "agentjobs")["items"]
+    mounts = {
+        job["spec"]["purpose"]: {
+            volume["source"] for volume in executing_emulator.job(job["status"]["backendJobId"])["volumes"]
+        }
+        for job in jobs
+        if job["spec"]["episode"] == result.episode
+    }
+    assert set(mounts) == {"train", "devEval", "score"}, mounts
+    assert hidden in mounts["score"]
+    assert all(hidden not in sources for purpose, sources in mounts.items() if purpose != "score"), mounts
