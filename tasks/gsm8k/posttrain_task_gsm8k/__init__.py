@@ -38,9 +38,9 @@ The score is on a hidden test set you never see.
 How it is graded: each question is put to the model as one user turn in ChatML, always with the
 task's own chat template (never your checkpoint's): the model continues this text exactly,
 {prompt!r}
-where QUESTION is the question. Completions are sampled (temperature 0.6, top-p 0.95) with fixed seeds; the answer is
-the first "#### <number>" (lm-evaluation-harness's strict match; commas and "$" ignored). The score is
-the accuracy averaged over several seeds, reported with a bootstrap 95% interval.
+where QUESTION is the question. Completions are sampled (temperature 0.6, top-p 0.95) with fixed
+seeds; the answer is the first "#### <number>" (lm-evaluation-harness's strict match; commas and "$"
+ignored). The score is the accuracy averaged over several seeds, with a bootstrap 95% interval.
 
 Your checkpoint is the output dir ($POSTTRAIN_OUTPUT_DIR) of a train job: the base model's tensors, by
 the same names and shapes, in *.safetensors files (e.g. `model.save_pretrained(out)`); the grader reads
