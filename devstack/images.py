@@ -42,13 +42,13 @@ OPERATOR = ProjectImage(
     "operator",
     "localhost/posttrain-operator",
     "operator/Dockerfile",
-    ("operator/posttrain_operator", "env_gateway", "graders"),
+    ("operator/posttrain_operator", "env_gateway", "graders", "tasks"),
 )
 LAUNCHER = ProjectImage(
     "launcher",
     "localhost/posttrain-launcher",
     "launcher_image/Dockerfile",
-    ("launcher_image/posttrain_launcher", "graders"),
+    ("launcher_image/posttrain_launcher", "graders", "tasks"),
     build_space_gb=14,  # torch with the CUDA libraries of PyPI's wheel: a 6 GB layer, written twice
 )
 IMAGES = {image.name: image for image in (OPERATOR, LAUNCHER)}

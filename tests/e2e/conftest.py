@@ -42,6 +42,8 @@ from devstack.build import ensure_binaries
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets import materialize_assets
+from tests.gsm8k_standin import SETTINGS as GSM8K_STANDIN
+from tests.gsm8k_standin import standin_registry
 from tests.helpers import wait_for
 from tests.package_index import PackageIndex, build_wheel, serve_index
 
@@ -225,7 +227,9 @@ def stage_store(store: Path) -> None:
     """The store's layout (backends/pods/names.py): every task repo read-only under `repos/`, and
     `outputs/` and `wheels/`, where the operator (uid 10000) makes each job's output dir and stages
     its packages."""
-    for repo in materialize_assets():
+    with standin_registry():
+        repos = materialize_assets()
+    for repo in repos:
         target = store / "repos" / repo.ref.kind / repo.ref.repo_id / repo.ref.revision
         if not target.exists():
             shutil.copytree(repo.path, target)
@@ -314,7 +318,9 @@ def hf_emulator(host_address: str) -> Iterator[HfEmulator]:
         interpreter=job_interpreter(str(data_dir / "interpreter")),
     ).start()
     emulator.create_bucket(BUCKET)
-    for repo in materialize_assets():
+    with standin_registry():
+        repos = materialize_assets()
+    for repo in repos:
         emulator.repos.register(repo.ref.kind, repo.ref.repo_id, repo.ref.revision, repo.path)
     try:
         yield emulator
@@ -363,6 +369,7 @@ def e2e_values(
         "pods": pods,
         "environments": environment_images or {},
         "logging": {"format": "json"},
+        "tasks": {"settings": GSM8K_STANDIN},  # gsm8k runs on its stand-in here
     }
 
 

@@ -16,6 +16,7 @@ from posttrain_operator.api.rules import parse_time
 from posttrain_operator.ledger import billed_seconds, cost_for, reservation_for
 
 from devstack import seccomp
+from graders.tasks import get_task
 from tests.checkpoint_jobs import BIG_CHECKPOINT, RESUMED
 from tests.e2e.conftest import (
     GATEWAY_SERVICE,
@@ -33,6 +34,7 @@ from tests.e2e.conftest import (
     say,
 )
 from tests.e2e.test_chart_in_cluster import _connect_script
+from tests.gsm8k_standin import standin_registry
 from tests.helpers import wait_for
 from tests.package_index import PackageIndex
 
@@ -623,6 +625,64 @@ def test_a_5_gib_checkpoint_chains_into_a_graded_job_on_pods(pods_release: Relea
     score = release.json("get", "agentjob", status["scoringJob"])
     assert score["spec"]["flavor"] == "cpu-upgrade"
     _assert_settled_from_pod_run_time(release, episode)
+
+
+def _mounted_repos(pod: dict[str, Any]) -> set[str]:
+    """The store's repos a job pod mounts (`repos/<kind>/<repo id>/<revision>` subpaths)."""
+    return {
+        mount["subPath"]
+        for container in pod["spec"]["containers"]
+        for mount in container.get("volumeMounts", [])
+        if mount.get("subPath", "").startswith("repos/")
+    }
+
+
+def test_gsm8k_stand_in_on_pods(request: pytest.FixtureRequest, pods_release: Release) -> None:
+    """The real task's code on its stand-in: trl's SFTTrainer in the trl environment, the dev grader on a
+    sample of dev, the score over three seeds with its interval; only the score pod mounts hidden."""
+    release = pods_release
+    with standin_registry():
+        hidden = get_task("gsm8k").hidden_split.repo_id
+    script = (REPO / "examples" / "train_gsm8k_sft.py").read_text()
+
+    async def play(gateway: str) -> tuple[dict[str, set[str]], str | None, str, dict[str, Any]]:
+        observation = await scripted_sft_agent.reset_episode(
+            gateway, release.orchestrator_token, "gsm8k", "pods"
+        )
+        token, episode = observation["metadata"]["agent_token"], observation["episode"]
+        mounts: dict[str, set[str]] = {}
+        async with scripted_sft_agent.agent_client(gateway, token) as session:
+            call = functools.partial(scripted_sft_agent.call_tool, session)
+            train = (await call("jobs_submit", script=script, timeout_seconds=2400))["job"]["name"]
+            mounts["train"] = _mounted_repos(await asyncio.to_thread(_job_pod, release, train))
+            trained = await asyncio.to_thread(_finished, release, train, 2400)
+            assert trained["phase"] == "Succeeded", trained
+            dev = (await call("dev_evaluate", job=train, timeout_seconds=1200))["job"]["name"]
+            mounts["devEval"] = _mounted_repos(await asyncio.to_thread(_job_pod, release, dev))
+            dev_status = await asyncio.to_thread(_finished, release, dev, 1200)
+            await call("submit", job=train)
+            score = f"{episode}-score"  # the operator's score job, named after the episode
+            mounts["score"] = _mounted_repos(await asyncio.to_thread(_job_pod, release, score))
+            waited: dict[str, Any] = {"finished": False}
+            while not waited["finished"]:
+                waited = await call("jobs_wait", timeout_seconds=120)
+        return mounts, (dev_status.get("result") or {}).get("score"), episode, waited
+
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+        mounts, dev_score, episode, ended = asyncio.run(play(gateway))
+    status = _assert_settled_from_pod_run_time(release, episode)
+    say(
+        request.config,
+        f"\n[pods] gsm8k (stand-in)        {ended['outcome']:8} reward {ended['reward']} "
+        f"{ended['reward_interval']} dev {dev_score}",
+    )
+    assert ended["outcome"] == "Scored" and float(ended["reward"]) > 0, ended
+    interval = status["rewardInterval"]
+    assert float(interval["low"]) <= float(status["reward"]) <= float(interval["high"]), status
+    assert ended["reward_interval"] == [interval["low"], interval["high"]]
+    assert dev_score is not None
+    assert any(hidden in subpath for subpath in mounts["score"]), mounts
+    assert not any(hidden in subpath for purpose in ("train", "devEval") for subpath in mounts[purpose])
 
 
 # Last: the longest (a CPU fine-tune of the tiny model).

@@ -176,4 +176,8 @@ load the same task registry and must agree on both. */}}
 - name: POSTTRAIN_MAX_JOB_{{ snakecase $key | upper }}
   value: {{ $value | int64 | toString | quote }}
 {{- end }}
+{{- range $name, $value := .Values.tasks.settings }}
+- name: {{ $name }}
+  value: {{ $value | toString | quote }}
+{{- end }}
 {{- end }}

@@ -19,18 +19,13 @@ from devstack.hf_emulator import HfEmulator
 from graders import tasks
 from graders.assets import materialize_assets
 from tests.conftest import Kubectl
+from tests.gsm8k_standin import SETTINGS, standin_registry
 from tests.helpers import kubectl_json
 from tests.integration.conftest import OperatorProcess, running_operator
 from tests.integration.gateway.conftest import GatewayServer, gateway_beside
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 import scripted_sft_agent
-
-STANDIN = {
-    "POSTTRAIN_TASK_GSM8K_STANDIN": "true",
-    "POSTTRAIN_TASK_GSM8K_FLAVOR": "cpu-upgrade",  # the stand-in runs on CPU; the real task on h200
-    "POSTTRAIN_TASK_GSM8K_MAX_JOB_TIMEOUT_SECONDS": "3600",
-}
 
 
 @pytest.fixture
@@ -40,22 +35,16 @@ def standin_operator(
     executing_emulator: HfEmulator,
     tmp_path: Path,
     namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[OperatorProcess]:
     """The operator, the gateway's registry (in this process) and the emulator's Hub, all on the stand-in."""
-    for name, value in STANDIN.items():
-        monkeypatch.setenv(name, value)
-    tasks._registry.cache_clear()
-    for repo in materialize_assets():  # builds the stand-in's repos once (cached by revision)
-        executing_emulator.repos.register(repo.ref.kind, repo.ref.repo_id, repo.ref.revision, repo.path)
-    images = json.dumps({"trl": "registry.example/posttrain-env-trl:test"})  # the emulator runs any image
-    try:
+    with standin_registry():
+        for repo in materialize_assets():  # builds the stand-in's repos once (cached by revision)
+            executing_emulator.repos.register(repo.ref.kind, repo.ref.repo_id, repo.ref.revision, repo.path)
+        images = json.dumps({"trl": "registry.example/posttrain-env-trl:test"})  # the emulator runs any image
         with running_operator(
-            cluster, executing_emulator, tmp_path, namespace, POSTTRAIN_ENVIRONMENT_IMAGES=images, **STANDIN
+            cluster, executing_emulator, tmp_path, namespace, POSTTRAIN_ENVIRONMENT_IMAGES=images, **SETTINGS
         ) as op:
             yield op
-    finally:
-        tasks._registry.cache_clear()
 
 
 @pytest.fixture

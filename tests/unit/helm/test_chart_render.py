@@ -189,6 +189,15 @@ def test_hf_token_is_only_a_secret_reference_and_only_the_operator_gets_it() -> 
         assert not any("secret" in v for v in spec.get("volumes", []))
 
 
+def test_task_settings_reach_the_operator_and_the_gateway_alike() -> None:
+    settings = {"POSTTRAIN_TASK_GSM8K_BASE_MODEL": "Qwen/Qwen3-4B-Base", "POSTTRAIN_TASK_GSM8K_STANDIN": False}
+    docs = render({**HF_VALUES, "tasks": {"settings": settings}})
+    for component in ("operator", "gateway"):
+        env = container_env(main_container(docs, f"{FULL}-{component}"))
+        assert env["POSTTRAIN_TASK_GSM8K_BASE_MODEL"]["value"] == "Qwen/Qwen3-4B-Base"
+        assert env["POSTTRAIN_TASK_GSM8K_STANDIN"]["value"] == "false"
+
+
 def test_hf_disabled_renders_no_token_reference(default_docs: list[dict[str, Any]]) -> None:
     operator = container_env(main_container(default_docs, f"{FULL}-operator"))
     assert "POSTTRAIN_HF_TOKEN" not in operator and operator["POSTTRAIN_PODS_ENABLED"]["value"] == "false"

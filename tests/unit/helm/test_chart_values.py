@@ -28,11 +28,16 @@ from tests.unit.helm.chart import CHART, HF_VALUES, PODS, render, render_error, 
         ({"admissionPolicy": {"namespaceSelector": {"matchLabel": {"a": "b"}}}}, "matchLabel"),
         # In-tree cephfs volumes were removed in Kubernetes 1.31, the chart's minimum.
         ({"pods": {"storeVolume": {"cephfs": {"monitors": ["10.0.0.1:6789"]}}}}, "cephfs"),
+        # Task settings are the plugins' own variables: never the operator's, nor where the assets are.
+        ({"tasks": {"settings": {"POSTTRAIN_HF_TOKEN": "hf_x"}}}, "POSTTRAIN_HF_TOKEN"),
+        ({"tasks": {"settings": {"POSTTRAIN_TASK_ASSETS_NAMESPACE": "x"}}}, "POSTTRAIN_TASK_ASSETS_NAMESPACE"),
+        ({"tasks": {"settings": {"POSTTRAIN_TASK_GSM8K_BASE": {"a": 1}}}}, "POSTTRAIN_TASK_GSM8K_BASE"),
     ],
     ids=[
         "unknown-top-level", "unknown-nested", "token-value-in-values", "secret-value-beside-ref",
         "orchestrator-token-value", "bad-pull-policy", "bad-namespace", "unknown-resource",
         "typo-in-network-peer", "store-cannot-be-a-pvc", "typo-in-label-selector", "no-cephfs-store",
+        "task-setting-not-a-task-variable", "task-setting-moving-the-assets", "task-setting-not-a-scalar",
     ],
 )  # fmt: skip
 def test_schema_refuses(values: dict[str, Any], complaint: str) -> None:
