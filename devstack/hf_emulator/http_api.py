@@ -284,6 +284,9 @@ def _api(h: _Handler, emu: HfEmulator, m: routes.Match, query: dict[str, list[st
     elif m.key in routes.HUB_ROUTES:
         data, headers = hub_api.handle(emu, m, query, body, _base_url(h), lambda c: _link(h, query, c))
         h._json(200, data, headers)
+    elif m.key in routes.FILE_ROUTES:
+        path, headers = hub_api.resolve_file(emu, m)
+        _send_file(h, path, headers)
     else:
         _serve_bucket(h, emu, m, query)
 
@@ -312,11 +315,11 @@ def _serve_bucket(h: _Handler, emu: HfEmulator, m: routes.Match, query: dict[str
         raise ApiError(exc.status, exc.message, {"X-Error-Code": exc.error_code}) from exc
 
 
-def _send_file(h: _Handler, path: Path) -> None:
+def _send_file(h: _Handler, path: Path, extra_headers: dict[str, str] | None = None) -> None:
     size = path.stat().st_size
     byte_range = buckets.parse_range(h.headers.get("Range"), size)
     start, end, status = 0, size, 200
-    headers = {"Accept-Ranges": "bytes"}
+    headers = {"Accept-Ranges": "bytes", **(extra_headers or {})}
     if byte_range is not None:
         start, end = byte_range
         if start >= size and size > 0:

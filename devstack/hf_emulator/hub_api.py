@@ -1,6 +1,7 @@
 """The Hub's repository API, as much of it as `HfApi` 2.4 uses to publish: `create_repo`,
 `upload_folder`/`create_commit` (a preupload call, then the commit with its NDJSON body),
-`create_tag`, and the reads around them (`repo_info`, `list_repo_refs`, `list_repo_tree`).
+`create_tag`, and the reads around them (`repo_info`, `list_repo_refs`, `list_repo_tree`); and the
+file downloads of `hf_hub_download` and `snapshot_download` (`resolve_file`).
 
 File content is taken inline only: preupload answers every file "regular", so the commit carries
 it base64-encoded and the client never turns to LFS or Xet (neither can be emulated; the upload
@@ -18,6 +19,7 @@ import io
 import json
 import secrets
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from devstack.hf_emulator import routes
@@ -88,6 +90,24 @@ def handle(
         return _tag(emu, repo, revision, _json_object(body)), None
     except SpecError as exc:
         raise hub_error(400, str(exc)) from exc
+
+
+def resolve_file(emu: HfEmulator, m: routes.Match) -> tuple[Path, dict[str, str]]:
+    """A repo file at a revision, and the headers `hf_hub_download` reads: the commit it resolved to
+    and the file's git blob id as its ETag (every file here is regular: see the module docstring)."""
+    p = m.params
+    kind = KINDS[p["repo_type"]] if "repo_type" in p else "model"
+    repo_id = f"{p['namespace']}/{p['repo']}"
+    try:
+        commit = emu.hub.get(kind, repo_id).resolve(p["revision"])
+        path = check_repo_path(p["path"], folder=False)
+    except SpecError as exc:
+        raise hub_error(400, str(exc)) from exc
+    entry = commit.files.get(path)
+    if entry is None:
+        raise hub_error(404, f"{path} is not in {repo_id} at {commit.oid}", "EntryNotFound")
+    headers = {"X-Repo-Commit": commit.oid, "ETag": f'"{entry.oid}"'}
+    return emu.repos.lookup(kind, repo_id, commit.oid) / path, headers
 
 
 def _flag(query: dict[str, list[str]], name: str) -> bool:

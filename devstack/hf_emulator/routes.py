@@ -32,6 +32,13 @@ REPO_TREE = "GET /api/{repo_type}/{namespace}/{repo}/tree/{revision}/{path}"
 PREUPLOAD = "POST /api/{repo_type}/{namespace}/{repo}/preupload/{revision}"
 COMMIT = "POST /api/{repo_type}/{namespace}/{repo}/commit/{revision}"
 CREATE_TAG = "POST /api/{repo_type}/{namespace}/{repo}/tag/{revision}"
+# A file of a repo at a revision, as `hf_hub_download` (and so `snapshot_download`) fetches it: models
+# have no type in the path, datasets and spaces do.
+FILE_RESOLVE = "GET /{repo_type}/{namespace}/{repo}/resolve/{revision}/{path}"
+FILE_RESOLVE_HEAD = "HEAD /{repo_type}/{namespace}/{repo}/resolve/{revision}/{path}"
+MODEL_FILE_RESOLVE = "GET /{namespace}/{repo}/resolve/{revision}/{path}"
+MODEL_FILE_RESOLVE_HEAD = "HEAD /{namespace}/{repo}/resolve/{revision}/{path}"
+FILE_ROUTES = (FILE_RESOLVE, FILE_RESOLVE_HEAD, MODEL_FILE_RESOLVE, MODEL_FILE_RESOLVE_HEAD)
 HUB_ROUTES = (
     CREATE_REPO,
     REPO_INFO,
@@ -63,6 +70,7 @@ ALL_ROUTES = (
     BUCKET_RESOLVE,
     BUCKET_RESOLVE_HEAD,
     *HUB_ROUTES,
+    *FILE_ROUTES,
 )
 
 

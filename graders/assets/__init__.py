@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from graders.tasks import LOCAL_ASSETS_REVISION, AssetLocation, RepoRef, registered_task, task_names
+from graders.tasks import LOCAL_ASSETS_REVISION, AssetLocation, RepoRef, Task, registered_task, task_names
 
 Progress = Callable[[str], None]
 AssetBuilder = Callable[[Path, Progress], None]
@@ -56,10 +56,9 @@ def _repo_builders() -> dict[RepoRef, AssetBuilder | None]:
         builders: dict[str, AssetBuilder] = {}
         if registered.plugin.assets is not None:
             builders = dict(importlib.import_module(registered.plugin.assets).BUILDERS)
-        candidates = [task.base_model, *task.agent_datasets.values(), task.dev_split, task.hidden_split]
-        for ref in candidates:
-            namespace, repo_name = ref.repo_id.split("/", 1) if ref is not None else ("", "")
-            if ref is None or (namespace, ref.revision) != (location.namespace, location.revision):
+        for ref in task_repos(task):
+            namespace, repo_name = ref.repo_id.split("/", 1)
+            if (namespace, ref.revision) != (location.namespace, location.revision):
                 continue
             if repos.get(ref) is None:
                 repos[ref] = builders.get(repo_name)
@@ -81,10 +80,7 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
 def materialize_assets(
     assets_dir: Path | None = None, *, progress: Progress | None = None
 ) -> list[LocalRepo]:
-    """Build (or reuse) every repo the tasks reference; returns them in registry order.
-
-    A repo dir only ever appears complete: it is built in a scratch dir and renamed into place.
-    """
+    """Build (or reuse) every repo the tasks reference at the configured location, in registry order."""
     root = assets_dir if assets_dir is not None else default_assets_dir()
     say: Progress = progress if progress is not None else (lambda _message: None)
     builders = _repo_builders()
@@ -95,18 +91,44 @@ def materialize_assets(
     if all(repo.path.is_dir() for repo in repos):
         return repos
     with _exclusive(root / ".lock"):
-        for repo in repos:
-            if repo.path.is_dir():
-                say(f"cached   {repo.ref.kind} {repo.ref.repo_id}@{repo.ref.revision}")
-                continue
-            say(f"building {repo.ref.kind} {repo.ref.repo_id}@{repo.ref.revision}")
-            started = time.monotonic()
-            scratch = repo.path.with_name(f".{repo.path.name}.partial")
-            shutil.rmtree(scratch, ignore_errors=True)
-            scratch.mkdir(parents=True)
-            build = builders[repo.ref]
-            assert build is not None
-            build(scratch, say)
-            scratch.rename(repo.path)
-            say(f"built    {repo.ref.repo_id} in {time.monotonic() - started:.1f}s")
+        return build_repos({ref: build for ref, build in builders.items() if build is not None}, root, say)
+
+
+def build_repos(builders: dict[RepoRef, AssetBuilder], root: Path, progress: Progress) -> list[LocalRepo]:
+    """Build each repo under `root`, reusing one already there; a repo dir only ever appears complete:
+    it is built in a scratch dir and renamed into place."""
+    repos = []
+    for ref, build in builders.items():
+        repo = LocalRepo(ref=ref, path=repo_path(root, ref))
+        repos.append(repo)
+        if repo.path.is_dir():
+            progress(f"cached   {ref.kind} {ref.repo_id}@{ref.revision}")
+            continue
+        progress(f"building {ref.kind} {ref.repo_id}@{ref.revision}")
+        started = time.monotonic()
+        scratch = repo.path.with_name(f".{repo.path.name}.partial")
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        build(scratch, progress)
+        scratch.rename(repo.path)
+        progress(f"built    {ref.repo_id} in {time.monotonic() - started:.1f}s")
     return repos
+
+
+def task_builders(name: str) -> dict[RepoRef, AssetBuilder]:
+    """The repos of task `name` that its plugin builds (by repo name), wherever the task pins them."""
+    registered = registered_task(name)
+    if registered.plugin.assets is None:
+        return {}
+    builders: dict[str, AssetBuilder] = dict(importlib.import_module(registered.plugin.assets).BUILDERS)
+    return {
+        ref: builders[ref.repo_id.split("/", 1)[1]]
+        for ref in task_repos(registered.task)
+        if ref.repo_id.split("/", 1)[1] in builders
+    }
+
+
+def task_repos(task: Task) -> list[RepoRef]:
+    """Every repo a task's jobs mount (its base model, agent datasets, dev and hidden splits), once."""
+    refs = [task.base_model, *task.agent_datasets.values(), task.dev_split, task.hidden_split]
+    return list(dict.fromkeys(ref for ref in refs if ref is not None))

@@ -1,5 +1,7 @@
 """`python -m graders.assets build [--assets-dir DIR] [--json]`: build or reuse the tasks' repos;
-`python -m graders.assets publish --namespace ORG [--revision R]`: and upload them to a Hub."""
+`python -m graders.assets publish --namespace ORG [--revision R]`: and upload them to a Hub;
+`python -m graders.assets publish --task T`: upload the repos task T builds, where T pins them;
+`python -m graders.assets mirror --task T --store DIR`: fill the pods store with T's repos from a Hub."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from graders.assets import default_assets_dir, materialize_assets
-from graders.tasks import LOCAL_ASSETS_REVISION, AssetLocation
+from graders.tasks import LOCAL_ASSETS_REVISION, AssetLocation, UnknownTaskError
 
 
 def _say(message: str) -> None:
@@ -25,13 +27,23 @@ def main(argv: list[str] | None = None) -> int:
     publish = commands.add_parser(
         "publish", help="build, then upload to a Hub (HF_ENDPOINT, HF_TOKEN) as private repos, tagged"
     )
-    publish.add_argument("--namespace", required=True, help="the user or organization to publish under")
+    target = publish.add_mutually_exclusive_group(required=True)
+    target.add_argument("--namespace", help="the user or organization to publish the local build under")
+    target.add_argument("--task", help="publish the repos this task builds, to where it pins them")
     publish.add_argument("--revision", default=LOCAL_ASSETS_REVISION, help="the tag (default: %(default)s)")
+    mirror = commands.add_parser(
+        "mirror", help="download a task's repos from a Hub (HF_ENDPOINT, HF_TOKEN) into the pods store"
+    )
+    mirror.add_argument("--task", required=True)
+    mirror.add_argument("--store", type=Path, required=True, help="the store's root (its repos/ go below)")
+    for command in (build, publish, mirror):
+        command.add_argument("--json", action="store_true", help="print the repos as JSON on stdout")
     for command in (build, publish):
         command.add_argument("--assets-dir", type=Path, default=None, help=f"default: {default_assets_dir()}")
-        command.add_argument("--json", action="store_true", help="print the repos as JSON on stdout")
     args = parser.parse_args(argv)
 
+    if args.command == "mirror":
+        return _mirror(args)
     if args.command == "publish":
         return _publish(args)
     repos = materialize_assets(args.assets_dir, progress=_say)
@@ -44,13 +56,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _publish(args: argparse.Namespace) -> int:
-    from graders.assets.publish import PublishError, publish  # huggingface_hub is needed only here
+def _mirror(args: argparse.Namespace) -> int:
+    from graders.assets.mirror import MirrorError, mirror  # huggingface_hub is needed only here
 
     try:
-        AssetLocation(namespace=args.namespace, revision=args.revision)  # the chart will take these
-        published = publish(args.namespace, args.revision, assets_dir=args.assets_dir, progress=_say)
-    except (PublishError, ValueError) as exc:
+        mirrored = mirror(args.task, args.store, progress=_say)
+    except (MirrorError, UnknownTaskError) as exc:
+        _say(f"error: {exc}")
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps([asdict(m) for m in mirrored], indent=2) + "\n")
+    for m in [] if args.json else mirrored:
+        state = "downloaded" if m.downloaded else "unchanged"
+        sys.stdout.write(f"{m.kind}\t{m.repo_id}@{m.revision}\t{m.commit}\t{state}\t{m.path}\n")
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from graders.assets.publish import PublishError, publish, publish_task  # needs huggingface_hub
+
+    try:
+        if args.task is not None:
+            published = publish_task(args.task, progress=_say)
+        else:
+            AssetLocation(namespace=args.namespace, revision=args.revision)  # the chart will take these
+            published = publish(args.namespace, args.revision, assets_dir=args.assets_dir, progress=_say)
+    except (PublishError, ValueError, UnknownTaskError) as exc:
         _say(f"error: {exc}")
         return 1
     if args.json:
@@ -58,6 +89,8 @@ def _publish(args: argparse.Namespace) -> int:
         return 0
     for p in published:
         sys.stdout.write(f"{p.kind}\t{p.repo_id}@{p.revision}\t{p.commit}\n")
+    if args.task is not None:
+        return 0
     sys.stdout.write(
         "\nInstall or upgrade the chart with:\n"
         f"  --set tasks.assetsNamespace={args.namespace} --set tasks.assetsRevision={args.revision}\n"

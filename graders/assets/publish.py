@@ -11,15 +11,16 @@ The endpoint and the token are huggingface_hub's own: HF_ENDPOINT and HF_TOKEN (
 
 from __future__ import annotations
 
-import hashlib
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import HfApi
 from huggingface_hub.hf_api import RepoFile
 
-from graders.assets import LocalRepo, Progress, materialize_assets
-from graders.tasks import LOCAL_ASSETS_REVISION
+from graders.assets import LocalRepo, Progress, build_repos, materialize_assets, task_builders
+from graders.assets.hub_files import local_ids, remote_ids, same_files
+from graders.tasks import LOCAL_ASSETS_REVISION, RepoRef
 
 
 @dataclass(frozen=True)
@@ -39,43 +40,29 @@ def _tag_target(api: HfApi, repo_id: str, kind: str, tag: str) -> str | None:
     return next((ref.target_commit for ref in refs.tags if ref.name == tag), None)
 
 
-def _target(repo: LocalRepo, namespace: str) -> str:
-    return f"{namespace}/{repo.ref.repo_id.split('/', 1)[1]}"
+def _target(repo: LocalRepo, namespace: str, revision: str) -> RepoRef:
+    """`repo` under another namespace and tag (the local build's are the project's own)."""
+    name = repo.ref.repo_id.split("/", 1)[1]
+    return RepoRef(kind=repo.ref.kind, repo_id=f"{namespace}/{name}", revision=revision)
 
 
-def _local_ids(root: Path) -> dict[str, tuple[str, str]]:
-    """Each file's (git blob id, sha256): what the Hub lists for a regular file and for an LFS one."""
-    ids = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        blob = hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
-        ids[str(path.relative_to(root))] = (blob, hashlib.sha256(data).hexdigest())
-    return ids
-
-
-def _check_existing_tag(api: HfApi, repo: LocalRepo, namespace: str, revision: str) -> None:
+def _check_existing_tag(api: HfApi, repo: LocalRepo, target: RepoRef) -> None:
     """A tag that already exists must name exactly the files built here (checked before anything is
     uploaded, so a refusal changes nothing on the Hub)."""
-    kind, repo_id = repo.ref.kind, _target(repo, namespace)
+    kind, repo_id, revision = target.kind, target.repo_id, target.revision
     if not api.repo_exists(repo_id, repo_type=kind) or _tag_target(api, repo_id, kind, revision) is None:
         return
     tree = api.list_repo_tree(repo_id, repo_type=kind, revision=revision, recursive=True)
-    remote = {
-        f.path: f.lfs.sha256 if f.lfs else f.blob_id
-        for f in tree
-        if isinstance(f, RepoFile) and f.path != ".gitattributes"
-    }
-    local = _local_ids(repo.path)
-    if set(remote) != set(local) or any(remote[p] not in local[p] for p in remote):
+    remote = remote_ids(f for f in tree if isinstance(f, RepoFile))
+    if not same_files(remote, local_ids(repo.path)):
         raise PublishError(
             f"{kind} {repo_id}: tag {revision!r} already names other files than the assets built here; "
             "publish them under another --revision"
         )
 
 
-def publish_repo(api: HfApi, repo: LocalRepo, namespace: str, revision: str) -> Published:
-    kind = repo.ref.kind
-    repo_id = _target(repo, namespace)
+def publish_repo(api: HfApi, repo: LocalRepo, target: RepoRef) -> Published:
+    kind, repo_id, revision = target.kind, target.repo_id, target.revision
     api.create_repo(repo_id, repo_type=kind, private=True, exist_ok=True)
     commit = api.upload_folder(
         repo_id=repo_id,
@@ -104,13 +91,26 @@ def publish(
     progress: Progress | None = None,
 ) -> list[Published]:
     say: Progress = progress if progress is not None else (lambda _message: None)
-    client = api if api is not None else HfApi()
     repos = materialize_assets(assets_dir, progress=say)
-    for repo in repos:
-        _check_existing_tag(client, repo, namespace, revision)
+    return _publish_all(api or HfApi(), [(repo, _target(repo, namespace, revision)) for repo in repos], say)
+
+
+def publish_task(task: str, *, api: HfApi | None = None, progress: Progress | None = None) -> list[Published]:
+    """The repos of one task that its plugin builds, each to the repo and revision the task pins
+    (e.g. a benchmark republished in the splits the task mounts), built afresh: a builder may read an
+    upstream repo at its own pinned revision."""
+    say: Progress = progress if progress is not None else (lambda _message: None)
+    with tempfile.TemporaryDirectory(prefix=f"publish-{task}-") as scratch:
+        repos = build_repos(task_builders(task), Path(scratch), progress=say)
+        return _publish_all(api or HfApi(), [(repo, repo.ref) for repo in repos], say)
+
+
+def _publish_all(api: HfApi, targets: list[tuple[LocalRepo, RepoRef]], say: Progress) -> list[Published]:
+    for repo, target in targets:
+        _check_existing_tag(api, repo, target)
     published = []
-    for repo in repos:
-        result = publish_repo(client, repo, namespace, revision)
+    for repo, target in targets:
+        result = publish_repo(api, repo, target)
         say(f"published {result.kind} {result.repo_id}@{result.revision} ({result.commit})")
         published.append(result)
     return published

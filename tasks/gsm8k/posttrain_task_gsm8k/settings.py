@@ -23,6 +23,10 @@ class Gsm8kSettings(BaseSettings):
         default="Qwen/Qwen3-1.7B-Base", pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$"
     )
     base_revision: str = Field(default="main", min_length=1, max_length=64)
+    # GSM8K as its authors published it on the Hub (`main/{train,test}-*.parquet`), which `python -m
+    # graders.assets publish --task gsm8k` republishes as the task's splits. Pin a commit here too.
+    upstream_dataset: str = Field(default="openai/gsm8k", pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+    upstream_revision: str = Field(default="main", min_length=1, max_length=64)
     # Where GSM8K is republished as the task's three repos (`gsm8k-train`, `gsm8k-dev`, `gsm8k-hidden`),
     # at one revision; the hidden one private.
     datasets_namespace: str = Field(default="posttrain-operator", pattern=r"^[A-Za-z0-9][\w.-]*$")
