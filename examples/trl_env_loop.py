@@ -41,6 +41,15 @@ class StepResult:
     done: bool
     metadata: dict[str, Any]
 
+    @classmethod
+    def of(cls, sent: dict[str, Any], reply: dict[str, Any]) -> StepResult:
+        """The reply to `sent`, which must be an observation."""
+        if reply.get("type") != "observation":
+            raise RuntimeError(f"{sent['type']} failed: {reply}")
+        body = reply["data"]
+        metadata = body.get("metadata") or {}
+        return cls(body["observation"], body.get("reward"), bool(body.get("done")), metadata)
+
     def data(self) -> dict[str, Any]:
         """The tool's result, or ToolCallFailed when the gateway refused the call."""
         if self.observation.get("error"):
@@ -62,12 +71,7 @@ class OpenEnvSession:
     async def _send(self, message: dict[str, Any]) -> StepResult:
         await self.conn.send(json.dumps(message))
         reply = json.loads(await asyncio.wait_for(self.conn.recv(), REPLY_TIMEOUT_SECONDS))
-        if reply.get("type") != "observation":
-            raise RuntimeError(f"{message['type']} failed: {reply}")
-        data = reply["data"]
-        return StepResult(
-            data["observation"], data.get("reward"), bool(data.get("done")), data.get("metadata") or {}
-        )
+        return StepResult.of(message, reply)
 
     async def reset(self, **kwargs: Any) -> StepResult:
         return await self._send({"type": "reset", "data": kwargs})

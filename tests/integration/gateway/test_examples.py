@@ -205,6 +205,27 @@ def test_trl_loop_plays_three_rollouts_in_parallel_each_to_reward_one(
     assert max(map(started_at, bodies)) <= min(map(ended_at, bodies))
 
 
+def test_grpo_trains_two_steps_on_episodes_whose_reward_and_spend_reach_the_trainer(
+    executing_gateway: GatewayServer, kubectl: Kubectl
+) -> None:
+    """TRL's GRPOTrainer with a tiny policy, each rollout an episode (TRL's `environment_factory`); the
+    scripted agent finishes each episode the policy leaves."""
+    proc = run_example("grpo_openenv.py", executing_gateway, "--task", "t0_artifact", "--steps", "2")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    run = summary(proc)
+    assert run["steps"] == 2
+    episodes = run["episodes"]
+    assert len(episodes) == 4 and len({e["episode"] for e in episodes}) == 4  # 2 steps x 2 generations
+    for played in episodes:
+        body = episode(kubectl, executing_gateway, played["episode"])
+        assert body["status"]["reward"] == "1" and played["reward"] == 1.0, (played, body["status"])
+        assert played["service_spend_usd"] > 0
+    for logged in run["logged"]:  # what the trainer recorded, per step
+        assert logged["rewards/PostTrainEnvironment/mean"] == 1.0 and logged["reward"] == 1.0, logged
+        assert logged["rewards/service_spend_usd/mean"] > 0  # reported, weighted 0
+    assert len(run["logged"]) == 2
+
+
 HARNESS_ROW = re.compile(r"^\s*(?P<index>\d+)\s+(?P<episode>\S+)\s+(?P<reward>\S+)\s+(?P<outcome>\S+)"
                          r"\s+(?P<spend>\S+)\s+(?P<wall>[\d.]+)$")  # fmt: skip
 SUMMARY_ROW = re.compile(r"^\s*all\s+mean reward, total spend\s+(?P<mean>\S+)\s+(?P<scored>\d+/\d+) scored"

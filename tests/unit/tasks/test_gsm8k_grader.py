@@ -22,6 +22,10 @@ from posttrain_task_gsm8k.standin import build_model, splits  # noqa: E402
 from graders.inputs import GraderInputs  # noqa: E402
 from graders.tasks import AssetLocation, Task  # noqa: E402
 
+# A fine-tune of the stand-in (half a minute on an idle 2-core machine) and a dozen gradings: room for
+# a machine many times slower under load.
+pytestmark = pytest.mark.timeout(1800)
+
 WEIGHTS = "model.safetensors"
 SFT_STEPS = 600
 
