@@ -104,10 +104,10 @@ def resolve_file(emu: HfEmulator, m: routes.Match) -> tuple[Path, dict[str, str]
     except SpecError as exc:
         raise hub_error(400, str(exc)) from exc
     entry = commit.files.get(path)
-    if entry is None:
+    on_disk = emu.repos.lookup(kind, repo_id, commit.oid) / path  # hard links the emulator wrote itself
+    if entry is None or not on_disk.is_file() or on_disk.is_symlink():
         raise hub_error(404, f"{path} is not in {repo_id} at {commit.oid}", "EntryNotFound")
-    headers = {"X-Repo-Commit": commit.oid, "ETag": f'"{entry.oid}"'}
-    return emu.repos.lookup(kind, repo_id, commit.oid) / path, headers
+    return on_disk, {"X-Repo-Commit": commit.oid, "ETag": f'"{entry.oid}"'}
 
 
 def _flag(query: dict[str, list[str]], name: str) -> bool:

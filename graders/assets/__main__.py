@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     for command in (build, publish):
         command.add_argument("--assets-dir", type=Path, default=None, help=f"default: {default_assets_dir()}")
     args = parser.parse_args(argv)
+    if args.command == "publish" and args.task is not None:
+        ignored = {"--revision": args.revision != LOCAL_ASSETS_REVISION, "--assets-dir": args.assets_dir}
+        if any(ignored.values()):
+            named = ", ".join(flag for flag, given in ignored.items() if given)
+            parser.error(f"publish --task publishes where the task pins its repos: {named} does not apply")
 
     if args.command == "mirror":
         return _mirror(args)
@@ -57,11 +62,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _mirror(args: argparse.Namespace) -> int:
-    from graders.assets.mirror import MirrorError, mirror  # huggingface_hub is needed only here
+    from huggingface_hub.errors import HfHubHTTPError  # huggingface_hub is needed only here
+
+    from graders.assets.mirror import MirrorError, mirror
 
     try:
         mirrored = mirror(args.task, args.store, progress=_say)
-    except (MirrorError, UnknownTaskError) as exc:
+    except (MirrorError, RuntimeError, HfHubHTTPError, UnknownTaskError) as exc:  # RuntimeError: the registry
         _say(f"error: {exc}")
         return 1
     if args.json:
@@ -73,7 +80,9 @@ def _mirror(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from graders.assets.publish import PublishError, publish, publish_task  # needs huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError  # huggingface_hub is needed only here
+
+    from graders.assets.publish import PublishError, publish, publish_task
 
     try:
         if args.task is not None:
@@ -81,7 +90,7 @@ def _publish(args: argparse.Namespace) -> int:
         else:
             AssetLocation(namespace=args.namespace, revision=args.revision)  # the chart will take these
             published = publish(args.namespace, args.revision, assets_dir=args.assets_dir, progress=_say)
-    except (PublishError, ValueError, UnknownTaskError) as exc:
+    except (PublishError, ValueError, RuntimeError, HfHubHTTPError, UnknownTaskError) as exc:
         _say(f"error: {exc}")
         return 1
     if args.json:

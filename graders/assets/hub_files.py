@@ -12,16 +12,23 @@ from huggingface_hub.hf_api import RepoFile, RepoSibling
 HUB_ONLY = ".gitattributes"
 
 
+CHUNK = 1 << 20
+
+
 def local_ids(root: Path) -> dict[str, tuple[str, str]]:
-    """Each file's (git blob id, sha256), by its path under `root`."""
+    """Each file's (git blob id, sha256), by its path under `root`; read in chunks (weights are GBs)."""
     ids = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         relative = str(path.relative_to(root))
         if relative == HUB_ONLY:
             continue
-        data = path.read_bytes()
-        blob = hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
-        ids[relative] = (blob, hashlib.sha256(data).hexdigest())
+        blob = hashlib.sha1(b"blob %d\0" % path.stat().st_size, usedforsecurity=False)
+        content = hashlib.sha256()
+        with path.open("rb") as stream:
+            while chunk := stream.read(CHUNK):
+                blob.update(chunk)
+                content.update(chunk)
+        ids[relative] = (blob.hexdigest(), content.hexdigest())
     return ids
 
 

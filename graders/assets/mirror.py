@@ -39,7 +39,11 @@ class MirrorError(RuntimeError):
 
 
 def store_path(store: Path, ref: RepoRef) -> Path:
-    return store / "repos" / ref.kind / ref.repo_id / ref.revision
+    """Where the pods backend mounts `ref` from; refused if a part would climb out of the store."""
+    parts = [ref.kind, *ref.repo_id.split("/"), ref.revision]
+    if any(part in ("", ".", "..") or "/" in part for part in parts):
+        raise MirrorError(f"{ref.kind} {ref.repo_id}@{ref.revision}: not a path inside the store")
+    return store.joinpath("repos", *parts)
 
 
 def mirror(

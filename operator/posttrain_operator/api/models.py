@@ -334,7 +334,9 @@ class GradeResult(ApiModel):
         default=None, description="interval is the score's 95% interval, where the grader reports one."
     )
     n: int | None = Field(default=None, description="n is the number of examples graded.")
-    reason: str | None = Field(default=None, max_length=4096, description="reason explains a non-ok status.")
+    reason: str | None = Field(
+        default=None, max_length=4096, description="reason explains a non-ok status, or what an ok one ignored."
+    )
     grader_version: str | None = Field(default=None, description="graderVersion identifies the grader.")
 
 

@@ -108,7 +108,7 @@ class HfJobsBackend:
         self._prices: dict[str, int] = {}
         self._prices_at = 0.0
         self._prices_lock = asyncio.Lock()
-        self._prices_failure: tuple[float, BackendError] | None = None
+        self._prices_failure: tuple[float, str] | None = None  # when the last lookup failed, and why
         self._staging = asyncio.Semaphore(2)
 
     async def _call(self, method: str, fn: Callable[[], T], *, retry: bool = True) -> T:
@@ -163,12 +163,13 @@ class HfJobsBackend:
             # A lookup that failed while this call waited for the lock is this call's answer too: callers
             # queued behind a backend that does not answer share its retries rather than repeat them.
             if self._prices_failure is not None and self._prices_failure[0] >= asked_at:
-                raise self._prices_failure[1]
+                raise BackendError(self._prices_failure[1], transient=True)
             if not self._prices or time.monotonic() - self._prices_at > self.config.price_ttl_s:
                 try:
                     hardware = await self._call("list_jobs_hardware", self._api.list_jobs_hardware)
                 except BackendError as exc:
-                    self._prices_failure = (time.monotonic(), exc)
+                    if exc.transient:  # a refusal is not shared: the next caller sees it for itself
+                        self._prices_failure = (time.monotonic(), str(exc))
                     raise
                 self._prices_failure = None
                 self._prices = {h.name: int(h.unit_cost_micro_usd) for h in hardware}

@@ -13,11 +13,12 @@ from decimal import Decimal
 
 from graders.job_limits import GiB, JobLimits, MiB
 from graders.tasks import AssetLocation, RepoRef, Task, TaskLimits, TaskPlugin
-from posttrain_task_gsm8k.prompt import render
+from posttrain_task_gsm8k.prompt import TEMPERATURE, TOP_P, render
 from posttrain_task_gsm8k.settings import HOUR, Gsm8kSettings
 
 NAME = "gsm8k"
-# HF Jobs' price of the default flavor (h200), per hour: the default budget is the wall time at it.
+# HF Jobs' price of the default flavor (h200), per hour: the default budget is the wall time at it,
+# whatever the flavor (a lab on another flavor sets the Episode's budgetUSD).
 FLAVOR_USD_PER_HOUR = Decimal("5.00")
 STANDIN_REPOS = {
     "base": "gsm8k-standin-base",
@@ -38,15 +39,16 @@ The score is on a hidden test set you never see.
 How it is graded: each question is put to the model as one user turn in ChatML, always with the
 task's own chat template (never your checkpoint's): the model continues this text exactly,
 {prompt!r}
-where QUESTION is the question. Completions are sampled (temperature 0.6, top-p 0.95) with fixed
-seeds; the answer is the first "#### <number>" (lm-evaluation-harness's strict match; commas and "$"
-ignored). The score is the accuracy averaged over several seeds, with a bootstrap 95% interval.
+where QUESTION is the question. Completions are sampled (temperature {temperature}, top-p {top_p})
+with fixed seeds; the answer is the first "#### <number>" (lm-evaluation-harness's strict match;
+commas and "$" ignored). The score is the accuracy averaged over several seeds, with a bootstrap 95%
+interval.
 
 Your checkpoint is the output dir ($POSTTRAIN_OUTPUT_DIR) of a train job: the base model's tensors, by
 the same names and shapes, in *.safetensors files (e.g. `model.save_pretrained(out)`); the grader reads
 nothing else from it (no config, no tokenizer, no code). Chain jobs with inputsFrom (resume, SFT then
 RL). Check a checkpoint with `dev_evaluate` (one seed, a sample of dev), then `submit` the job.
-""".format(prompt=render("QUESTION"))
+""".format(prompt=render("QUESTION"), temperature=TEMPERATURE, top_p=TOP_P)
 
 
 def define(assets: AssetLocation) -> Task:

@@ -26,7 +26,7 @@ from graders.checkpoint_files import InvalidCheckpoint, checkpoint_root
 from graders.inputs import GraderInputs
 from graders.result import GraderResult
 from graders.tasks import DATASET_FILE, Task
-from posttrain_task_gsm8k.prompt import STOP, cut_at_stop, render
+from posttrain_task_gsm8k.prompt import STOP, TEMPERATURE, TOP_P, cut_at_stop, render
 from posttrain_task_gsm8k.scoring import grade as grade_completion
 from posttrain_task_gsm8k.statistics import seed_mean_with_interval
 
@@ -35,8 +35,6 @@ GRADER_VERSION = "gsm8k/1"
 SEEDS = 3
 DEV_QUESTIONS = 200
 MAX_NEW_TOKENS = 512
-TEMPERATURE = 0.6
-TOP_P = 0.95
 BATCH_SIZE = 32
 TORCH_THREADS = 2
 DEV_SAMPLE_SEED = 7
@@ -47,13 +45,31 @@ def question_seed(seed: int, index: int) -> int:
     return seed * 1_000_003 + index
 
 
-def _top_p_sample(logits: torch.Tensor, generator: torch.Generator) -> int:
+def _top_p_sample(logits: torch.Tensor, generator: torch.Generator) -> int | None:
+    """One token drawn from `logits` (on their device, with that device's generator); None when the
+    logits are not finite (an agent's weights can overflow in a matmul): the answer then ends there."""
+    if not bool(torch.isfinite(logits).all()):
+        return None
     probs = torch.softmax(logits.float() / TEMPERATURE, dim=-1)
     ordered, order = torch.sort(probs, descending=True)
     keep = torch.cumsum(ordered, dim=-1) - ordered < TOP_P  # always keeps the most likely token
     ordered = torch.where(keep, ordered, torch.zeros_like(ordered))
     choice = torch.multinomial(ordered / ordered.sum(), 1, generator=generator)
     return int(order[choice].item())
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """The tokens that end an answer: the end of the assistant's turn, and the model's end of text."""
+    end_of_turn = tokenizer.convert_tokens_to_ids(STOP[0])
+    if not isinstance(end_of_turn, int) or end_of_turn == tokenizer.unk_token_id:
+        raise RuntimeError(f"the base model's tokenizer has no {STOP[0]!r} token")
+    eos = tokenizer.eos_token_id
+    return {end_of_turn} | ({eos} if isinstance(eos, int) else set())
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> list[list[int]]:
+    """The prompts' tokens, exactly as rendered (the template holds every special token they need)."""
+    return [tokenizer.encode(prompt, add_special_tokens=False) for prompt in prompts]
 
 
 def transformers_completions(
@@ -65,10 +81,8 @@ def transformers_completions(
     max_new_tokens: int,
 ) -> list[str]:
     """Sampled completions. Prompts are batched by token length, so no padding enters the model."""
-    eos_id = tokenizer.convert_tokens_to_ids(STOP[0])
-    if not isinstance(eos_id, int) or eos_id == tokenizer.unk_token_id:
-        raise RuntimeError(f"the base model's tokenizer has no {STOP[0]!r} token")
-    encoded = [tokenizer.encode(prompt, add_special_tokens=False) for prompt in prompts]
+    stops = stop_ids(tokenizer)
+    encoded = encode(tokenizer, prompts)
     by_length: dict[int, list[int]] = defaultdict(list)
     for index, ids in enumerate(encoded):
         by_length[len(ids)].append(index)
@@ -78,20 +92,22 @@ def transformers_completions(
         for indices in by_length.values():
             for start in range(0, len(indices), BATCH_SIZE):
                 batch = indices[start : start + BATCH_SIZE]
-                generators = [torch.Generator().manual_seed(question_seed(seed, index)) for index in batch]
-                ids = torch.tensor([encoded[index] for index in batch], dtype=torch.long, device=device)
-                outputs = model(input_ids=ids, use_cache=True)
+                generators = [
+                    torch.Generator(device=device).manual_seed(question_seed(seed, index)) for index in batch
+                ]
+                batch_ids = torch.tensor([encoded[index] for index in batch], dtype=torch.long, device=device)
+                outputs = model(input_ids=batch_ids, use_cache=True, logits_to_keep=1)
                 new: list[list[int]] = [[] for _ in batch]
                 done = [False] * len(batch)
                 for _ in range(max_new_tokens):
-                    logits = outputs.logits[:, -1, :].cpu()
+                    logits = outputs.logits[:, -1, :]
                     step = []
                     for row, generator in enumerate(generators):
-                        token = eos_id if done[row] else _top_p_sample(logits[row], generator)
-                        done[row] = done[row] or token == eos_id
-                        if not done[row]:
+                        token = None if done[row] else _top_p_sample(logits[row], generator)
+                        done[row] = done[row] or token is None or token in stops
+                        if not done[row] and token is not None:
                             new[row].append(token)
-                        step.append(token)
+                        step.append(token if token is not None else min(stops))
                     if all(done):
                         break
                     next_ids = torch.tensor(step, dtype=torch.long, device=device)[:, None]
@@ -109,34 +125,41 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
 
 
-def vllm_completions(
+def vllm_completions_by_seed(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
     *,
-    seed: int,
+    seeds: int,
     max_new_tokens: int,
-) -> list[str]:
-    """The same sampling through vLLM (a GPU only): per-request seeds, the task's stop sequences. vLLM
-    loads a directory, so the strictly loaded model is saved to scratch first: the checkpoint's own
-    files never reach it."""
+) -> list[list[str]]:
+    """The same sampling through vLLM (a GPU only), one engine for every seed: per-request seeds, the
+    same prompt tokens and stop tokens as the transformers loop. vLLM loads a directory, so the strictly
+    loaded model is saved to scratch first: the checkpoint's own files never reach it."""
     from vllm import LLM, SamplingParams
 
+    stops = sorted(stop_ids(tokenizer))
+    requests = [{"prompt_token_ids": ids} for ids in encode(tokenizer, prompts)]
     with tempfile.TemporaryDirectory(prefix="gsm8k-model-") as model_dir:
         model.save_pretrained(model_dir)
         tokenizer.save_pretrained(model_dir)
-        engine = LLM(model=model_dir, dtype="bfloat16", seed=seed)
-        params = [
-            SamplingParams(
-                temperature=TEMPERATURE,
-                top_p=TOP_P,
-                max_tokens=max_new_tokens,
-                seed=question_seed(seed, index),
-                stop=list(STOP),
-            )
-            for index in range(len(prompts))
-        ]
-        return [cut_at_stop(output.outputs[0].text) for output in engine.generate(prompts, params)]
+        engine = LLM(model=model_dir, dtype="bfloat16", seed=0)
+        by_seed = []
+        for seed in range(seeds):
+            params = [
+                SamplingParams(
+                    temperature=TEMPERATURE,
+                    top_p=TOP_P,
+                    max_tokens=max_new_tokens,
+                    seed=question_seed(seed, index),
+                    stop=list(STOP),
+                    stop_token_ids=stops,
+                )
+                for index in range(len(prompts))
+            ]
+            outputs = engine.generate(requests, params)
+            by_seed.append([cut_at_stop(output.outputs[0].text) for output in outputs])
+    return by_seed
 
 
 def ignored_files(checkpoint: Path) -> list[str]:
@@ -168,13 +191,20 @@ def grade(task: Task, inputs: GraderInputs) -> GraderResult:
     references = [str(record["answer"]) for record in records]
     seeds = 1 if is_dev else SEEDS
     use_vllm = vllm_available()
-    if torch.cuda.is_available():
-        torch.nn.Module.to(model, device="cuda", dtype=torch.bfloat16)  # in place
+    if use_vllm:
+        completions_by_seed = vllm_completions_by_seed(
+            model, tokenizer, prompts, seeds=seeds, max_new_tokens=MAX_NEW_TOKENS
+        )
+    else:
+        if torch.cuda.is_available():
+            torch.nn.Module.to(model, device="cuda", dtype=torch.bfloat16)  # in place
+        completions_by_seed = [
+            transformers_completions(model, tokenizer, prompts, seed=seed, max_new_tokens=MAX_NEW_TOKENS)
+            for seed in range(seeds)
+        ]
     strict_by_seed: list[list[bool]] = []
     flexible_by_seed: list[list[bool]] = []
-    for seed in range(seeds):
-        generate = vllm_completions if use_vllm else transformers_completions
-        completions = generate(model, tokenizer, prompts, seed=seed, max_new_tokens=MAX_NEW_TOKENS)
+    for completions in completions_by_seed:
         graded = [grade_completion(c, r) for c, r in zip(completions, references, strict=True)]
         strict_by_seed.append([g.strict for g in graded])
         flexible_by_seed.append([g.flexible for g in graded])

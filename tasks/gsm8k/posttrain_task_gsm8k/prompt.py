@@ -18,6 +18,9 @@ CHAT_TEMPLATE = (
 )
 # Generation ends at the end of the assistant's turn, or where a model starts a new question.
 STOP = ("<|im_end|>", "\n\nQuestion:")
+# How answers are sampled (the grader's, and what the task tells the agent).
+TEMPERATURE = 0.6
+TOP_P = 0.95
 
 
 def user_message(question: str) -> str:

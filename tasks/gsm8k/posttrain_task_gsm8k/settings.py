@@ -1,10 +1,11 @@
 """What a lab may point the task at: the base model, its flavor and the limits, from the environment
 (POSTTRAIN_TASK_GSM8K_*, set by the chart on the operator and the gateway). How answers are generated
-and scored is the benchmark's and not a setting (`grader.py`): grader jobs never read these.
+and scored is the benchmark's and not a setting (`grader.py`), so a grader job, whose environment
+holds none of these, grades as the operator's registry defines the task.
 
 The defaults are PostTrainBench's: a Qwen3 base model, one Hopper-class GPU for ten hours. `standin`
-swaps in the project's own tiny model and generated GSM8K-format data (`standin.py`), on CPU flavors,
-so the same code runs with no Hub and no GPU; nothing else about the task changes.
+swaps in the project's own tiny model and generated GSM8K-format data (`standin.py`): only the repo ids
+change (run it on a CPU flavor with `flavor`), so the same code runs with no Hub and no GPU.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ class Gsm8kSettings(BaseSettings):
     base_model: str = Field(
         default="Qwen/Qwen3-1.7B-Base", pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$"
     )
-    base_revision: str = Field(default="main", min_length=1, max_length=64)
+    base_revision: str = Field(default="main", pattern=r"^[A-Za-z0-9][\w.-]{0,63}$")
     # GSM8K as its authors published it on the Hub (`main/{train,test}-*.parquet`), which `python -m
     # graders.assets publish --task gsm8k` republishes as the task's splits. Pin a commit here too.
     upstream_dataset: str = Field(default="openai/gsm8k", pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
-    upstream_revision: str = Field(default="main", min_length=1, max_length=64)
+    upstream_revision: str = Field(default="main", pattern=r"^[A-Za-z0-9][\w.-]{0,63}$")
     # Where GSM8K is republished as the task's three repos (`gsm8k-train`, `gsm8k-dev`, `gsm8k-hidden`),
     # at one revision; the hidden one private.
     datasets_namespace: str = Field(default="posttrain-operator", pattern=r"^[A-Za-z0-9][\w.-]*$")

@@ -31,13 +31,17 @@ from tests.unit.helm.chart import CHART, HF_VALUES, PODS, render, render_error, 
         # Task settings are the plugins' own variables: never the operator's, nor where the assets are.
         ({"tasks": {"settings": {"POSTTRAIN_HF_TOKEN": "hf_x"}}}, "POSTTRAIN_HF_TOKEN"),
         ({"tasks": {"settings": {"POSTTRAIN_TASK_ASSETS_NAMESPACE": "x"}}}, "POSTTRAIN_TASK_ASSETS_NAMESPACE"),
+        ({"tasks": {"settings": {"POSTTRAIN_TASK_POLICY_NAME": "x"}}}, "POSTTRAIN_TASK_POLICY_NAME"),
         ({"tasks": {"settings": {"POSTTRAIN_TASK_GSM8K_BASE": {"a": 1}}}}, "POSTTRAIN_TASK_GSM8K_BASE"),
+        # A number would render as helm formats floats (1.0368e+06): quote it.
+        ({"tasks": {"settings": {"POSTTRAIN_TASK_GSM8K_MAX_WALL_SECONDS": 1036800}}}, "MAX_WALL_SECONDS"),
     ],
     ids=[
         "unknown-top-level", "unknown-nested", "token-value-in-values", "secret-value-beside-ref",
         "orchestrator-token-value", "bad-pull-policy", "bad-namespace", "unknown-resource",
         "typo-in-network-peer", "store-cannot-be-a-pvc", "typo-in-label-selector", "no-cephfs-store",
-        "task-setting-not-a-task-variable", "task-setting-moving-the-assets", "task-setting-not-a-scalar",
+        "task-setting-not-a-task-variable", "task-setting-moving-the-assets", "task-setting-the-policy",
+        "task-setting-not-a-scalar", "task-setting-a-number",
     ],
 )  # fmt: skip
 def test_schema_refuses(values: dict[str, Any], complaint: str) -> None:

@@ -73,6 +73,7 @@ def test_no_remote_add_no_secrets_and_only_launcher_code_copied() -> None:
     for word, args in ins:
         assert not re.search(r"token|secret|password", args, re.IGNORECASE), (word, args)
     copied = {src for w, a in ins if w == "COPY" and "--from" not in a for src in a.split()[:-1]}
-    assert copied == {"pyproject.toml", "uv.lock", "launcher_image/posttrain_launcher", "graders"}
+    # `tasks`: the task plugins the project ships, whose graders run in this image.
+    assert copied == {"pyproject.toml", "uv.lock", "launcher_image/posttrain_launcher", "graders", "tasks"}
     assert not any("operator" in a or "env_gateway" in a for w, a in ins if w == "COPY")
     assert any("uv sync --locked" in a and "--extra launcher" in a for w, a in ins if w == "RUN")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,19 @@ def test_limits_over_the_platforms_maxima_are_refused(
     monkeypatch.setenv("POSTTRAIN_MAX_JOB_MAX_FILE_BYTES", str(12 << 30))  # files capped at 12 GiB
     with pytest.raises(TaskRegistryError, match=r"task 'gsm8k' asks for more than the platform allows"):
         tasks.task_names()
+
+
+def test_the_example_agent_trains_on_the_prompt_the_grader_asks() -> None:
+    """examples/train_gsm8k_sft.py copies the prompt from the task's description, as an agent would."""
+    import importlib.util
+
+    from posttrain_task_gsm8k.prompt import render
+
+    path = Path(__file__).resolve().parents[3] / "examples" / "train_gsm8k_sft.py"
+    spec = importlib.util.spec_from_file_location("train_gsm8k_sft", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # defines; trains only as __main__
+    question = "Tom has 3 apples and buys 4 more. How many apples does he have? "
+    assert example.prompt(question) == render(question)
+    assert render("QUESTION") in tasks.get_task("gsm8k").description.encode().decode("unicode_escape")
