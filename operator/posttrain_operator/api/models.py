@@ -335,7 +335,9 @@ class GradeResult(ApiModel):
     )
     n: int | None = Field(default=None, description="n is the number of examples graded.")
     reason: str | None = Field(
-        default=None, max_length=4096, description="reason explains a non-ok status, or what an ok one ignored."
+        default=None,
+        max_length=4096,
+        description="reason explains a non-ok status (or what an ok one skipped).",
     )
     grader_version: str | None = Field(default=None, description="graderVersion identifies the grader.")
 
