@@ -27,6 +27,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 EXAMPLES = Path(__file__).resolve().parent
+# A reset waits for the operator to start the episode (the gateway's own wait, then its answer): on a
+# loaded machine, or while an operator restarts, that can take minutes.
+RESET_REPLY_TIMEOUT_SECONDS = 300
 SOLUTIONS = {
     "t0_artifact": (EXAMPLES / "t0_artifact_solution.py", 300),
     "t0_arithmetic_format": (EXAMPLES / "train_arithmetic_sft.py", 1800),
@@ -60,7 +63,7 @@ async def reset_episode(
     async with websockets.connect(ws_url, additional_headers=headers) as conn:
         data = {"task": task} | ({"backend": backend} if backend else {}) | extra
         await conn.send(json.dumps({"type": "reset", "data": data}))
-        reply = json.loads(await asyncio.wait_for(conn.recv(), 60))
+        reply = json.loads(await asyncio.wait_for(conn.recv(), RESET_REPLY_TIMEOUT_SECONDS))
     if reply.get("type") != "observation":
         raise ToolError(f"reset failed: {reply}")
     observation: dict[str, Any] = reply["data"]["observation"]

@@ -383,11 +383,12 @@ def test_a_job_scanning_proc_and_the_file_system_finds_only_its_own_inputs(
         ), mount
     assert str(REPO_ROOT) not in result["mounts"]
     assert not any(m.startswith(str(cache)) for m in result["mounts"])
-    # Of the checkout, only what the launcher image carries: its packages and the installed task plugin.
+    # Of the checkout, only what the launcher image carries: its packages and the installed task plugins.
     assert {m for m in libraries if m.startswith(str(REPO_ROOT) + "/") and "site-packages" not in m} <= {
         str(REPO_ROOT / "graders"),
         str(REPO_ROOT / "launcher_image" / "posttrain_launcher"),
         str(REPO_ROOT / "examples" / "linear-map-task" / "posttrain_task_linear"),
+        str(REPO_ROOT / "tasks" / "gsm8k" / "posttrain_task_gsm8k"),
     }
     HfApi(endpoint=emu.url, token=emu.token).cancel_job(job_id=holder, namespace=emu.namespace)
 
