@@ -628,13 +628,27 @@ def test_a_5_gib_checkpoint_chains_into_a_graded_job_on_pods(pods_release: Relea
 
 
 def _mounted_repos(pod: dict[str, Any]) -> set[str]:
-    """The store's repos a job pod mounts (`repos/<kind>/<repo id>/<revision>` subpaths)."""
+    """The store repos a job pod mounts (`repos/<kind>/<repo id>/<revision>` subpaths)."""
     return {
         mount["subPath"]
         for container in pod["spec"]["containers"]
         for mount in container.get("volumeMounts", [])
         if mount.get("subPath", "").startswith("repos/")
     }
+
+
+def _created_job_pod(release: Release, job: str) -> dict[str, Any]:
+    """The pod of a job the operator creates itself (the score job), once it exists; read while the
+    episode scores (its pods go with its namespace when it ends, and scoring takes many seconds)."""
+
+    def submitted() -> str | None:
+        for item in release.json("get", "agentjobs")["items"]:
+            if item["metadata"]["name"] == job:
+                return (item.get("status") or {}).get("backendJobId")
+        return None
+
+    wait_for(submitted, timeout=300, interval=0.5, what=f"{job} to be submitted")
+    return _job_pod(release, job)
 
 
 def test_gsm8k_stand_in_on_pods(request: pytest.FixtureRequest, pods_release: Release) -> None:
@@ -661,8 +675,8 @@ def test_gsm8k_stand_in_on_pods(request: pytest.FixtureRequest, pods_release: Re
             mounts["devEval"] = _mounted_repos(await asyncio.to_thread(_job_pod, release, dev))
             dev_status = await asyncio.to_thread(_finished, release, dev, 1200)
             await call("submit", job=train)
-            score = f"{episode}-score"  # the operator's score job, named after the episode
-            mounts["score"] = _mounted_repos(await asyncio.to_thread(_job_pod, release, score))
+            score_pod = await asyncio.to_thread(_created_job_pod, release, f"{episode}-score")
+            mounts["score"] = _mounted_repos(score_pod)
             waited: dict[str, Any] = {"finished": False}
             while not waited["finished"]:
                 waited = await call("jobs_wait", timeout_seconds=120)
