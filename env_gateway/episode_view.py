@@ -146,7 +146,15 @@ class EpisodeView:
             "outcome": self.status.outcome,
             "reward_decimal": self.status.reward if self.done else None,
             "reward_interval": self._reward_interval(),
+            "integrity": self._integrity(),
         }
+
+    def _integrity(self) -> dict[str, Any] | None:
+        """The reward's integrity label and what the findings behind it say, once scored."""
+        integrity = self.status.integrity
+        if not self.done or integrity is None:
+            return None
+        return {"label": integrity.label, "findings": [f"{f.check}: {f.summary}" for f in integrity.findings]}
 
     def _reward_interval(self) -> list[str] | None:
         """The reward's 95% interval as [low, high] decimal strings, once ended, where the grader gave one."""

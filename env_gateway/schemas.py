@@ -173,6 +173,9 @@ class WaitResult(BaseModel):
     reward_interval: list[str] | None = Field(
         default=None, description="The reward's 95% interval [low, high], where the task's grader gives one."
     )
+    integrity: str | None = Field(
+        default=None, description="The reward's integrity label once scored: clean, flagged or violation."
+    )
 
 
 class LogsResult(BaseModel):

@@ -166,6 +166,7 @@ async def task_info(ctx: ToolContext, _: NoArgs) -> dict[str, Any]:
         "max_wait_seconds": ctx.settings.max_wait_seconds,
         "network": ep.status.network.model_dump() if ep.status.network else None,
         "submission": ep.spec.submission.checkpoint_from if ep.spec.submission else None,
+        "dev_evaluations": ep.status.dev_evaluations,
     }
     return view
 
@@ -211,6 +212,12 @@ async def dev_evaluate(ctx: ToolContext, args: DevEvaluateArgs) -> JobResult:
     if source["spec"].get("purpose") != "train":
         raise ToolFailure("invalid_job", f"{args.job!r} is not a train job", error_type="invalid_args")
     ep = ctx.episode
+    cap = ep.task.integrity.dev_evaluations.max_calls
+    if cap is not None and ep.status.dev_evaluations >= cap:  # the operator refuses it too
+        raise ToolFailure(
+            "dev_evaluations_exhausted",
+            f"this task allows {cap} dev evaluations per episode; all {ep.status.dev_evaluations} are used",
+        )
     spec = {
         "episode": ep.name,
         "purpose": "devEval",
@@ -273,6 +280,7 @@ async def jobs_wait(ctx: ToolContext, args: JobsWaitArgs) -> WaitResult:
             outcome=status.get("outcome"),
             reward=status.get("reward"),
             reward_interval=_interval(status.get("rewardInterval")),
+            integrity=(status.get("integrity") or {}).get("label"),
         )
     job = await _own_job(ctx, args.job)
     job = await _wait_for(ctx, args.job, job, lambda j: _phase(j) in TERMINAL_JOB_PHASES, timeout)

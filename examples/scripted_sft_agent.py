@@ -44,6 +44,7 @@ class EpisodeResult:
     reward: str | None
     reward_interval: list[str] | None
     outcome: str
+    integrity: str | None  # the reward's label: clean, flagged or violation
     dev_score: str | None
     spend_usd: str
     jobs: int
@@ -139,6 +140,7 @@ async def run_episode(
         reward=final.get("reward"),
         reward_interval=final.get("reward_interval"),
         outcome=final.get("outcome", "?"),
+        integrity=final.get("integrity"),
         dev_score=dev_score,
         spend_usd=_last_spend.get("settled_usd", "?"),
         jobs=3,  # train, devEval, and the hidden-split grader the operator runs

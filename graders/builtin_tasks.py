@@ -6,6 +6,7 @@ the gateway import it.
 
 from __future__ import annotations
 
+from graders.integrity.policy import ContaminationPolicy, DevEvaluationPolicy, IdentityPolicy, IntegrityPolicy
 from graders.job_limits import GiB, JobLimits, MiB
 from graders.tasks import AssetLocation, Task, TaskLimits, TaskPlugin
 
@@ -66,6 +67,15 @@ def _artifact(assets: AssetLocation) -> Task:
     )
 
 
+# An item is a prompt and its sum: five tokens ("q 3 4 a 7"), matched whole. A job may print such
+# lines of its own (a model's answers), so a found item is recorded, not held against the reward.
+ARITHMETIC_INTEGRITY = IntegrityPolicy(
+    identity=IdentityPolicy(),
+    contamination=ContaminationPolicy(fields=("prompt", "answer"), min_item_tokens=5, action="record"),
+    dev_evaluations=DevEvaluationPolicy(max_calls=20),
+)
+
+
 def _arithmetic_format(assets: AssetLocation) -> Task:
     return Task(
         name="t0_arithmetic_format",
@@ -86,6 +96,7 @@ def _arithmetic_format(assets: AssetLocation) -> Task:
         default_budget_usd="0.25",
         scoring_timeout_seconds=900,
         grader="graders.arithmetic_format",
+        integrity=ARITHMETIC_INTEGRITY,
     )
 
 

@@ -6,7 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from graders.tasks import GRADER_INPUT_BASE_MODEL, GRADER_INPUT_CHECKPOINT, GRADER_INPUT_SPLIT, GraderPurpose
+from graders.tasks import (
+    GRADER_INPUT_BASE_MODEL,
+    GRADER_INPUT_CHECKPOINT,
+    GRADER_INPUT_SPLIT,
+    GraderPurpose,
+    evidence_input_name,
+)
 
 
 def input_env_var(name: str) -> str:
@@ -22,6 +28,8 @@ class GraderInputs:
     split: Path
     base_model: Path | None
     purpose: GraderPurpose = "score"
+    # The outputs of the jobs the checkpoint was built on (a score job's), by job name.
+    lineage: tuple[tuple[str, Path], ...] = ()
 
     @classmethod
     def from_env(
@@ -33,9 +41,13 @@ class GraderInputs:
                 raise RuntimeError(f"{input_env_var(name)} is not set")
             return Path(value)
 
+        lineage: list[tuple[str, Path]] = []
+        while value := env.get(input_env_var(evidence_input_name(len(lineage)))):
+            lineage.append((Path(value).name, Path(value)))
         return cls(
             checkpoint=required(GRADER_INPUT_CHECKPOINT),
             split=required(GRADER_INPUT_SPLIT),
             base_model=required(GRADER_INPUT_BASE_MODEL) if needs_base_model else None,
             purpose=purpose,
+            lineage=tuple(lineage),
         )

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from graders.integrity.policy import MAX_FINDINGS, Finding
 from graders.tasks import RESULT_FILE
 
 ResultStatus = Literal["ok", "invalid_checkpoint", "error"]
@@ -27,6 +28,8 @@ class GraderResult(BaseModel):
     grader_version: str
     # (low, high) of the score's 95% interval, for graders that report one (e.g. over seeds).
     interval: tuple[float, float] | None = None
+    # What the score job's integrity checks found (graders/integrity); a devEval result has none.
+    findings: list[Finding] = Field(default_factory=list, max_length=MAX_FINDINGS)
 
     @field_validator("interval")
     @classmethod

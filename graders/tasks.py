@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from graders.integrity.policy import IntegrityPolicy
 from graders.job_limits import SMALL_AGENT_JOB, SMALL_GRADER_JOB, JobLimitMaxima, JobLimits
 
 # The local assets are built by the project (`python -m graders.assets build`); bump this whenever the
@@ -34,6 +35,13 @@ DATASET_FILE = "data.jsonl"
 GRADER_INPUT_BASE_MODEL = "base_model"
 GRADER_INPUT_CHECKPOINT = "checkpoint"
 GRADER_INPUT_SPLIT = "split"
+
+
+def evidence_input_name(index: int) -> str:
+    """A score job's input name of the `index`th job of its submission's lineage."""
+    return f"lineage_{index}"
+
+
 # Input name under which agent jobs see the task's base model.
 AGENT_INPUT_MODEL = "model"
 
@@ -93,6 +101,7 @@ class TaskPublicView(BaseModel):
     agent_environment: str | None
     grader_environment: str | None
     allowed_packages: list[str] | None
+    integrity: IntegrityPolicy
 
 
 class Task(BaseModel):
@@ -125,6 +134,8 @@ class Task(BaseModel):
     grader_environment: str | None = Field(default=None, pattern=ENVIRONMENT_NAME)
     # The only packages an agent job may ask for (names, as PEP 503 compares them); None: any.
     allowed_packages: frozenset[str] | None = None
+    # What the score job checks beside the grade, what a finding costs, and the `dev_evaluate` rule.
+    integrity: IntegrityPolicy = IntegrityPolicy()
     # Module imported by `python -m graders.run` in the grader job (so it must be installed in the job's
     # image); it exposes `GRADER_VERSION` and `grade(task, inputs) -> GraderResult`.
     grader: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
@@ -175,6 +186,7 @@ class Task(BaseModel):
             agent_environment=self.agent_environment,
             grader_environment=self.grader_environment,
             allowed_packages=sorted(self.allowed_packages) if self.allowed_packages is not None else None,
+            integrity=self.integrity,
         )
 
     def package_refusal(self, requirements: Iterable[str]) -> str | None:
@@ -198,12 +210,17 @@ class Task(BaseModel):
         """The split a grader job mounts: dev for the agent's `dev_evaluate`, hidden for `submit`."""
         return self.hidden_split if purpose == "score" else self.dev_split
 
-    def grader_command(self, purpose: GraderPurpose = "score") -> list[str]:
-        return ["python", "-m", "graders.run", "--task", self.name, "--purpose", purpose]
-
-    def grader_script(self, purpose: GraderPurpose = "score") -> str:
-        """Python source for a launcher job of role `grader` (the launcher runs a script, not argv)."""
+    def grader_argv(self, purpose: GraderPurpose = "score", sample_seed: int | None = None) -> list[str]:
+        """`python -m graders.run`'s arguments; `sample_seed` picks a dev evaluation's subsample, where
+        the task answers each on a fresh one."""
         argv = ["--task", self.name, "--purpose", purpose]
+        if sample_seed is not None and self.integrity.dev_evaluations.sample_size is not None:
+            argv += ["--sample-seed", str(sample_seed)]
+        return argv
+
+    def grader_script(self, purpose: GraderPurpose = "score", sample_seed: int | None = None) -> str:
+        """Python source for a launcher job of role `grader` (the launcher runs a script, not argv)."""
+        argv = self.grader_argv(purpose, sample_seed)
         return f"import sys\nfrom graders.run import main\nsys.exit(main({argv!r}))\n"
 
 

@@ -131,6 +131,13 @@ def describe(ep: Obj, jobs: list[Obj], now: datetime) -> str:
         f"   Reserved: ${micro_to_usd(int(ledger.get('reservedMicroUSD') or 0))}"
         f"   Platform: ${micro_to_usd(int(ledger.get('platformMicroUSD') or 0))}",
     ]
+    integrity = status.get("integrity")
+    if integrity:
+        used = status.get("devEvaluations") or 0
+        lines.append(f"Integrity: {integrity.get('label')}   Dev evaluations: {used}")
+        for finding in integrity.get("findings") or []:
+            where = ", ".join(finding.get("where") or []) or "-"
+            lines.append(f"  {finding['verdict']} ({finding['check']}): {finding['summary']} [in: {where}]")
     if status.get("orphanedJobs"):
         lines.append("Orphaned:  " + ", ".join(o["name"] for o in status["orphanedJobs"]))
     if status.get("message"):

@@ -7,6 +7,7 @@ split is mounted only for `score`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from graders.tasks import (
     GraderPurpose,
     RepoRef,
     Task,
+    evidence_input_name,
 )
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, NetworkMode
@@ -25,6 +27,7 @@ from posttrain_operator.backends.base import JobRequest, OutputMount, RepoMount
 
 INPUTS_ROOT = "/inputs"
 INPUTS_FROM_ROOT = f"{INPUTS_ROOT}/from"
+EVIDENCE_ROOT = f"{INPUTS_ROOT}/lineage"
 OUTPUT_DIR = "/outputs"
 
 
@@ -89,6 +92,8 @@ def validate_against_task(spec: AgentJobSpec, task: Task, flavors: list[str], ma
     refused = task.package_refusal(spec.packages)
     if refused is not None:
         raise InvalidJob(refused)
+    if spec.evidence_from and spec.purpose != "score":
+        raise InvalidJob("evidenceFrom is the operator's, for score jobs only")
     if spec.purpose in ("devEval", "score"):
         if not spec.checkpoint_from:
             raise InvalidJob(f"a {spec.purpose} job needs checkpointFrom")
@@ -96,6 +101,11 @@ def validate_against_task(spec: AgentJobSpec, task: Task, flavors: list[str], ma
             raise InvalidJob(
                 f"a {spec.purpose} job runs the task's grader: script and packages must be empty"
             )
+
+
+def sample_seed(uid: str) -> int:
+    """A dev evaluation's subsample seed: fresh for every job, the same for every attempt at one."""
+    return int.from_bytes(hashlib.sha256(uid.encode()).digest()[:4], "big")
 
 
 def input_from_name(index: int) -> str:
@@ -155,9 +165,19 @@ def build_request(
         )
         inputs_from.append(checkpoint)
         inputs[GRADER_INPUT_CHECKPOINT] = checkpoint.mount_path
+        for index, source in enumerate(spec.evidence_from):
+            mount = OutputMount(
+                prefix=output_prefix(namespace, spec.episode, source),
+                mount_path=f"{EVIDENCE_ROOT}/{source}",
+                read_only=True,
+            )
+            inputs_from.append(mount)
+            inputs[evidence_input_name(index)] = mount.mount_path
         launcher |= {
             "role": "grader",
-            "script": task.grader_script(purpose),
+            "script": task.grader_script(
+                purpose, sample_seed=sample_seed(uid) if purpose == "devEval" else None
+            ),
             "packages": [],
             "limits": limits.launcher_limits(),
         }

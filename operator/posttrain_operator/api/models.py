@@ -27,6 +27,7 @@ MAX_LINEAGE = 64
 MAX_INSTALLED_PACKAGES = 64  # one job's packages with their dependencies
 MAX_ARTIFACTS = 100
 MAX_CONDITIONS = 16
+MAX_FINDINGS = 32  # a score job's few and a judge's
 MAX_ORPHANS = 1000
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -45,7 +46,8 @@ Backend = Literal["hf-jobs", "pods"]
 # What an agent job may do on the network: AF_UNIX only, or TCP/UDP on its own loopback as well.
 NetworkMode = Literal["unix", "loopback"]
 EpisodePhase = Literal["Pending", "Running", "Scoring", "Completed", "Failed"]
-Outcome = Literal["Scored", "LimitReached", "GraderFailed", "Cancelled"]
+Outcome = Literal["Scored", "IntegrityViolation", "LimitReached", "GraderFailed", "Cancelled"]
+IntegrityLabel = Literal["clean", "flagged", "violation"]
 Purpose = Literal["train", "devEval", "score"]
 JobPhase = Literal[
     "Pending", "Admitted", "Running", "Succeeded", "Failed", "Cancelled", "Rejected", "Orphaned"
@@ -216,16 +218,51 @@ class JobNetwork(ApiModel):
     )
 
 
+class IntegrityFinding(ApiModel):
+    check: str = Field(
+        max_length=32, description="check is what found it: contamination, identity, devEvaluations or judge."
+    )
+    verdict: Literal["flagged", "violation"] = Field(
+        description="verdict is flagged (recorded; the reward stands) or violation (the reward is withheld)."
+    )
+    summary: str = Field(max_length=512, description="summary says what was found, with its figures.")
+    where: list[str] = Field(
+        default_factory=list, max_length=8, description="where names the sources it was found in (bounded)."
+    )
+    figures: dict[str, str] = Field(
+        default_factory=dict, max_length=16, description="figures are the check's numbers, as strings."
+    )
+
+
+class Integrity(ApiModel):
+    label: IntegrityLabel = Field(
+        description="label is clean (no finding), flagged (findings recorded) or violation (reward withheld)."
+    )
+    findings: list[IntegrityFinding] = Field(
+        default_factory=list, max_length=MAX_FINDINGS, description="findings are the score job's and judges'."
+    )
+
+
 class EpisodeStatus(ApiModel):
     phase: EpisodePhase | None = Field(
         default=None,
         description="phase is Pending, Running, Scoring, then Completed or Failed (could not run).",
     )
     outcome: Outcome | None = Field(
-        default=None, description="outcome is how it ended: Scored, LimitReached, GraderFailed or Cancelled."
+        default=None,
+        description="outcome is how it ended: Scored, IntegrityViolation (reward 0: a finding the task "
+        "withholds the reward for), LimitReached, GraderFailed or Cancelled.",
     )
     reward: str | None = Field(
         default=None, description="reward is a decimal string; null when GraderFailed."
+    )
+    integrity: Integrity | None = Field(
+        default=None, description="integrity is the reward's label and the findings behind it, once scored."
+    )
+    dev_evaluations: int = Field(
+        default=0,
+        ge=0,
+        description="devEvaluations counts the devEval jobs admitted (the task may cap them).",
     )
     reward_interval: ScoreInterval | None = Field(
         default=None, description="rewardInterval is the reward's 95% interval, where the grader gives one."
@@ -309,6 +346,13 @@ class AgentJobSpec(ApiModel):
         "this train job reads, read-only, at POSTTRAIN_INPUT_FROM_<i> in this order.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    evidence_from: list[JobName] = Field(
+        default_factory=list,
+        max_length=MAX_LINEAGE,
+        description="evidenceFrom names the jobs whose outputs a score job screens for the hidden split "
+        "(the submission's lineage); set by the operator only.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
 
 
 class Artifact(ApiModel):
@@ -340,6 +384,9 @@ class GradeResult(ApiModel):
         description="reason explains a non-ok status (or what an ok one skipped).",
     )
     grader_version: str | None = Field(default=None, description="graderVersion identifies the grader.")
+    findings: list[IntegrityFinding] | None = Field(
+        default=None, max_length=MAX_FINDINGS, description="findings are a score job's integrity checks'."
+    )
 
 
 class AgentJobStatus(ApiModel):

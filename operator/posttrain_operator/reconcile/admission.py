@@ -87,12 +87,20 @@ def reserve_in(
     platform: bool,
     max_concurrent: int,
     allowed_phases: frozenset[str],
+    dev_evaluation: bool = False,
+    dev_limit: int | None = None,
 ) -> tuple[EpisodeStatus | None, Rejection | None]:
-    """The ledger side of admission, run inside the Episode compare-and-swap."""
+    """The ledger side of admission, run inside the Episode compare-and-swap. A devEval job is counted
+    in the same write as its reservation, and refused past the task's cap (`dev_limit`)."""
     if job in status.ledger.entries:
         return None, None
     if status.phase not in allowed_phases:
         return None, Rejection(cond.EPISODE_NOT_RUNNING, f"episode is {status.phase}; no new jobs")
+    if dev_evaluation and dev_limit is not None and status.dev_evaluations >= dev_limit:
+        return None, Rejection(
+            cond.DEV_EVALUATIONS_EXHAUSTED,
+            f"this task allows {dev_limit} dev evaluations per episode; all are used",
+        )
     if not platform:
         active = jobs_running(status.ledger)
         if active >= max_concurrent:
@@ -103,7 +111,10 @@ def reserve_in(
     reservation = ledger_math.reserve(status.ledger, job, amount, platform=platform)
     if not reservation.admitted:
         return None, Rejection(cond.BUDGET_EXCEEDED, reservation.message)
-    return status.model_copy(update={"ledger": reservation.ledger}), None
+    update: dict[str, Any] = {"ledger": reservation.ledger}
+    if dev_evaluation:
+        update["dev_evaluations"] = status.dev_evaluations + 1
+    return status.model_copy(update=update), None
 
 
 async def _reject(ctx: Context, job: dict[str, Any], status: AgentJobStatus, rejection: Rejection) -> None:
@@ -232,6 +243,7 @@ async def _reserve(
     episode: dict[str, Any],
     amount: int,
     max_concurrent: int,
+    dev_limit: int | None,
     *,
     watched: bool,
 ) -> EpisodeUpdate[Rejection | None]:
@@ -241,7 +253,14 @@ async def _reserve(
 
     def reserve(_: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, Rejection | None]:
         return reserve_in(
-            current, name, amount, platform=platform, max_concurrent=max_concurrent, allowed_phases=phases
+            current,
+            name,
+            amount,
+            platform=platform,
+            max_concurrent=max_concurrent,
+            allowed_phases=phases,
+            dev_evaluation=spec.purpose == "devEval",
+            dev_limit=dev_limit,
         )
 
     # The adoption writes the job, so it goes beside the ledger's write rather than the job's status
@@ -289,7 +308,8 @@ async def _admit(
     amount = ledger_math.reservation_for(price, spec.timeout_seconds)
     platform = spec.purpose == "score"
     max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
-    update = await _reserve(ctx, job, spec, episode, amount, max_concurrent, watched=watched)
+    dev_limit = task.integrity.dev_evaluations.max_calls
+    update = await _reserve(ctx, job, spec, episode, amount, max_concurrent, dev_limit, watched=watched)
     if update.result is not None:
         await _reject(ctx, job, status, update.result)
         return None

@@ -11,7 +11,7 @@ from typing import Any
 
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import EpisodeStatus, Outcome, ScoreInterval, status_of
+from posttrain_operator.api.models import EpisodeStatus, Integrity, Outcome, ScoreInterval, status_of
 from posttrain_operator.api.rules import ENDED_PHASES, format_time
 from posttrain_operator.backends.base import SupportsEpisodeCleanup
 from posttrain_operator.reconcile.cancellation import cancel_all
@@ -28,6 +28,7 @@ class End:
     message: str
     phase: str = "Completed"
     reward_interval: ScoreInterval | None = None
+    integrity: Integrity | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
         conditions, _ = ctx.set_condition(fresh, current.conditions, cond.READY, False, *why)
         conditions, _ = ctx.set_condition(fresh, conditions, cond.ENDED, True, *why)
         update = {"phase": end.phase, "outcome": end.outcome, "reward": end.reward, "message": end.message,
-                  "reward_interval": end.reward_interval, "ended_at": format_time(ctx.clock()),
+                  "reward_interval": end.reward_interval, "integrity": end.integrity,
+                  "ended_at": format_time(ctx.clock()),
                   "conditions": conditions}  # fmt: skip
         return current.model_copy(update=update), None
 
@@ -110,7 +112,8 @@ async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
     written = await ctx.kube.update_episode_status(meta["namespace"], meta["name"], ending, seen=body)
     if not written.written:
         return
-    ctx.emit(body, "Normal" if end.outcome == "Scored" else "Warning", end.outcome, end.message)
+    clean = end.outcome == "Scored" and (end.integrity is None or end.integrity.label == "clean")
+    ctx.emit(body, "Normal" if clean else "Warning", end.outcome, end.message)
     if await cancel_all(ctx, body, cond.EPISODE_ENDED, f"episode ended: {end.message}"):
         await release_backend_resources(ctx, body)
 

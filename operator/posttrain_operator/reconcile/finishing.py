@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from graders.integrity.policy import Finding
 from graders.result import GraderResult
 from graders.tasks import RESULT_FILE
 from posttrain_operator import ledger as ledger_math
@@ -22,6 +23,7 @@ from posttrain_operator.api.models import (
     EgressCounts,
     EpisodeStatus,
     GradeResult,
+    IntegrityFinding,
     ScoreInterval,
     status_of,
 )
@@ -76,6 +78,18 @@ async def grade(ctx: Context, backend_name: str, prefix: str) -> GradeResult:
         n=result.n,
         reason=result.reason,
         grader_version=result.grader_version,
+        findings=[api_finding(f) for f in result.findings] or None,
+    )
+
+
+def api_finding(finding: Finding) -> IntegrityFinding:
+    figures = {key: str(value) for key, value in finding.figures.items()}
+    return IntegrityFinding(
+        check=finding.check,
+        verdict=finding.verdict,
+        summary=finding.summary,
+        where=finding.where,
+        figures=figures,
     )
 
 

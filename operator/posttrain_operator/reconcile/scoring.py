@@ -13,12 +13,21 @@ from posttrain_operator.api.models import (
     AgentJobStatus,
     EpisodeSpec,
     EpisodeStatus,
+    Integrity,
+    IntegrityFinding,
     status_of,
 )
 from posttrain_operator.api.rules import grader_flavor, new_job_metadata
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.ending import End, end_episode, set_status
+
+
+def integrity_of(findings: list[IntegrityFinding]) -> Integrity:
+    """The reward's label from its findings: any violation wins, any finding flags."""
+    verdicts = {f.verdict for f in findings}
+    label = "violation" if "violation" in verdicts else "flagged" if findings else "clean"
+    return Integrity(label=label, findings=findings)
 
 
 def scoring_outcome(score_job: dict[str, Any] | None) -> End | None:
@@ -35,10 +44,16 @@ def scoring_outcome(score_job: dict[str, Any] | None) -> End | None:
         and result.status == "ok"
         and result.score is not None
     ):
+        integrity = integrity_of(result.findings or [])
         interval = result.interval
         within = f", 95% interval [{interval.low}, {interval.high}]" if interval is not None else ""
-        message = f"hidden-split score {result.score} (n={result.n}{within})"
-        return End("Scored", result.score, message, reward_interval=interval)
+        message = f"hidden-split score {result.score} (n={result.n}{within}); integrity {integrity.label}"
+        if integrity.label == "violation":
+            # The agent's doing, so a real zero; the score it would have had stays in the job's status.
+            found = "; ".join(f.summary for f in integrity.findings if f.verdict == "violation")
+            message = f"reward withheld: {found} (the grade was {result.score})"
+            return End("IntegrityViolation", "0", message, integrity=integrity)
+        return End("Scored", result.score, message, reward_interval=interval, integrity=integrity)
     if status.phase == "Succeeded" and result is not None and result.status == "invalid_checkpoint":
         # The policy's own fault: a real zero, not a platform failure.
         return End("Scored", "0", f"invalid checkpoint: {result.reason}")
@@ -84,12 +99,13 @@ async def start_scoring(
     await cancel_all(
         ctx, body, cond.EPISODE_ENDED, "the episode's submission is being scored", keep=score_job
     )
-    await _ensure_score_job(ctx, body, spec, task, score_job)
+    await _ensure_score_job(ctx, body, spec, task, score_job, source_status.lineage)
 
 
 async def _ensure_score_job(
-    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, task: Task, job_name: str
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, task: Task, job_name: str, lineage: list[str]
 ) -> dict[str, Any]:
+    """The score job: it grades the submission and screens the outputs of the jobs it was built on."""
     meta = body["metadata"]
     assert spec.submission is not None
     return await ctx.kube.create_agentjob(
@@ -104,6 +120,7 @@ async def _ensure_score_job(
                 "flavor": grader_flavor(spec, task),
                 "timeoutSeconds": spec.scoring.timeout_seconds or task.scoring_timeout_seconds,
                 "checkpointFrom": spec.submission.checkpoint_from,
+                "evidenceFrom": lineage,
             },
         },
     )
@@ -116,7 +133,10 @@ async def check_scoring(
     job_name = status.scoring_job or f"{meta['name']}-score"
     job = await ctx.kube.get_agentjob(meta["namespace"], job_name)
     if job is None:  # a crash between recording the phase and creating the job
-        await _ensure_score_job(ctx, body, spec, task, job_name)
+        assert spec.submission is not None
+        source = await ctx.kube.get_agentjob(meta["namespace"], spec.submission.checkpoint_from)
+        lineage = status_of(AgentJobStatus, (source or {}).get("status")).lineage
+        await _ensure_score_job(ctx, body, spec, task, job_name, lineage)
         return
     end = scoring_outcome(job)
     if end is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from graders.integrity.policy import ContaminationPolicy, DevEvaluationPolicy, IdentityPolicy, IntegrityPolicy
 from graders.job_limits import GiB, JobLimits, MiB
 from graders.tasks import AssetLocation, RepoRef, Task, TaskLimits, TaskPlugin
 from posttrain_task_gsm8k.prompt import TEMPERATURE, TOP_P, render
@@ -47,8 +48,21 @@ interval.
 Your checkpoint is the output dir ($POSTTRAIN_OUTPUT_DIR) of a train job: the base model's tensors, by
 the same names and shapes, in *.safetensors files (e.g. `model.save_pretrained(out)`); the grader reads
 nothing else from it (no config, no tokenizer, no code). Chain jobs with inputsFrom (resume, SFT then
-RL). Check a checkpoint with `dev_evaluate` (one seed, a sample of dev), then `submit` the job.
+RL). Check a checkpoint with `dev_evaluate` (one seed, a fresh sample of dev each time, a limited
+number of times: `task_info` says how many), then `submit` the job.
+
+Integrity: the submission must be the base model trained (not another model's weights, not the base
+unchanged), and no test question or answer may be in what your jobs put into the checkpoint (their
+outputs are screened at scoring). A violation makes the reward 0.
 """.format(prompt=render("QUESTION"), temperature=TEMPERATURE, top_p=TOP_P)
+
+
+DEV_QUESTIONS = 200  # a dev evaluation's sample of dev
+
+# PostTrainBench's judge, before the reward: a test question or its worked answer in what the agent
+# put into its jobs withholds the reward, as does a submission that is not the base model trained.
+IDENTITY = IdentityPolicy()
+CONTAMINATION = ContaminationPolicy(fields=("question", "answer"), ngram=13, min_item_tokens=8)
 
 
 def define(assets: AssetLocation) -> Task:
@@ -100,6 +114,14 @@ def define(assets: AssetLocation) -> Task:
         # Agent jobs get the trl environment (trl, peft, accelerate, datasets), as PostTrainBench's do.
         agent_environment="trl",
         grader="posttrain_task_gsm8k.grader",
+        integrity=IntegrityPolicy(
+            identity=IDENTITY,
+            contamination=CONTAMINATION,
+            # Each dev evaluation grades a fresh sample of dev.
+            dev_evaluations=DevEvaluationPolicy(
+                max_calls=settings.dev_evaluations, sample_size=DEV_QUESTIONS
+            ),
+        ),
     )
 
 

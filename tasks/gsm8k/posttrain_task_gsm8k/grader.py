@@ -26,6 +26,7 @@ from graders.checkpoint_files import InvalidCheckpoint, checkpoint_root
 from graders.inputs import GraderInputs
 from graders.result import GraderResult
 from graders.tasks import DATASET_FILE, Task
+from posttrain_task_gsm8k import DEV_QUESTIONS
 from posttrain_task_gsm8k.prompt import STOP, TEMPERATURE, TOP_P, cut_at_stop, render
 from posttrain_task_gsm8k.scoring import grade as grade_completion
 from posttrain_task_gsm8k.statistics import seed_mean_with_interval
@@ -33,7 +34,6 @@ from posttrain_task_gsm8k.statistics import seed_mean_with_interval
 GRADER_VERSION = "gsm8k/1"
 # The score is the mean over this many seeds; a dev evaluation uses one, on DEV_QUESTIONS of dev.
 SEEDS = 3
-DEV_QUESTIONS = 200
 MAX_NEW_TOKENS = 512
 BATCH_SIZE = 32
 TORCH_THREADS = 2
@@ -181,7 +181,7 @@ def grade(task: Task, inputs: GraderInputs) -> GraderResult:
         raise RuntimeError(f"task {task.name} needs its base model as a grader input")
     records = read_jsonl(inputs.split / DATASET_FILE)
     is_dev = inputs.purpose == "devEval"
-    if is_dev and len(records) > DEV_QUESTIONS:
+    if is_dev and len(records) > DEV_QUESTIONS:  # run by hand: the platform samples dev itself
         records = random.Random(DEV_SAMPLE_SEED).sample(records, DEV_QUESTIONS)
     try:
         model, tokenizer = load_strict(inputs.base_model, inputs.checkpoint)

@@ -39,4 +39,6 @@ class Gsm8kSettings(BaseSettings):
     max_job_timeout_seconds: int = Field(default=10 * HOUR, ge=60)
     scoring_timeout_seconds: int = Field(default=2 * HOUR, ge=60)
     max_steps: int = Field(default=400, gt=0)
+    # `dev_evaluate` calls an episode may make (each on a fresh sample of dev).
+    dev_evaluations: int = Field(default=20, ge=1, le=10_000)
     standin: bool = False

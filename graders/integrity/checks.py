@@ -1,0 +1,74 @@
+"""The integrity checks a score job runs once the checkpoint graded: what its task's policy asks for,
+as findings (graders/integrity/policy.py). Checks run on the score job's inputs only: the base model,
+the hidden split, the checkpoint and the outputs of the jobs it was built on."""
+
+from __future__ import annotations
+
+from graders.assets.datasets import read_jsonl
+from graders.checkpoint import base_tensor_shapes, read_checkpoint_tensors
+from graders.checkpoint_files import agent_bytes, checkpoint_root
+from graders.inputs import GraderInputs
+from graders.integrity import identity, text
+from graders.integrity.policy import ContaminationPolicy, Finding, IdentityPolicy, verdict_of
+from graders.tasks import DATASET_FILE, Task
+
+# What the screen reads of the agent's outputs: text files, each and all together bounded.
+MAX_SCREENED_FILE_BYTES = 64 << 20
+MAX_SCREENED_BYTES = 1 << 30
+
+
+def integrity_findings(task: Task, inputs: GraderInputs) -> list[Finding]:
+    findings: list[Finding] = []
+    policy = task.integrity
+    if policy.identity is not None and inputs.base_model is not None:
+        findings += identity_findings(policy.identity, inputs)
+    if policy.contamination is not None:
+        findings += contamination_findings(policy.contamination, inputs)
+    return findings
+
+
+def identity_findings(policy: IdentityPolicy, inputs: GraderInputs) -> list[Finding]:
+    assert inputs.base_model is not None
+    expected = base_tensor_shapes(inputs.base_model)
+    with agent_bytes("the checkpoint cannot be read"):  # it graded, so this is not expected to fail
+        tensors = read_checkpoint_tensors(inputs.checkpoint, expected)
+    report = identity.compare(
+        inputs.base_model,
+        tensors,
+        min_cosine=policy.min_cosine,
+        min_kept_share=policy.min_kept_share,
+        min_relative_change=policy.min_relative_change,
+    )
+    if report.verdict == "descendant":
+        return []
+    action = policy.foreign_action if report.verdict == "foreign" else policy.unchanged_action
+    return [
+        Finding(
+            check="identity",
+            verdict=verdict_of(action),
+            summary=report.summary(),
+            where=["checkpoint"],
+            figures=report.figures(),
+        )
+    ]
+
+
+def contamination_findings(policy: ContaminationPolicy, inputs: GraderInputs) -> list[Finding]:
+    records = read_jsonl(inputs.split / DATASET_FILE)
+    items = ["\n".join(str(record.get(field, "")) for field in policy.fields) for record in records]
+    index = text.HiddenIndex.build(items, ngram=policy.ngram, min_item_tokens=policy.min_item_tokens)
+    roots = [("outputs:checkpoint", checkpoint_root(inputs.checkpoint))]
+    roots += [(f"outputs:{job}", path) for job, path in inputs.lineage]
+    files = text.text_files(roots, max_file_bytes=MAX_SCREENED_FILE_BYTES, max_total_bytes=MAX_SCREENED_BYTES)
+    report = text.screen(index, files, max_overlap=policy.max_overlap)
+    if len(report.contaminated) <= policy.max_items:
+        return []
+    return [
+        Finding(
+            check="contamination",
+            verdict=verdict_of(policy.action),
+            summary=report.summary(),
+            where=report.where(),
+            figures=report.figures(),
+        )
+    ]

@@ -1,0 +1,378 @@
+"""Contamination screening: does text the agent put into its jobs hold hidden-split items?
+
+Standard library only. The method is decon's (and the GPT-3 paper's 13-gram check): both sides are
+normalised (JSON and string escapes undone, NFKC, casefold, letter-or-digit word tokens), so changes
+of whitespace, case, punctuation or quoting do not hide a copy; each hidden item is cut into
+overlapping n-grams of `ngram` tokens, long enough that finding one in the agent's text means a copy,
+not a common phrase. An item shorter than `ngram` tokens is one n-gram of its whole length (matched
+whole); an item shorter than `min_item_tokens` is not screened: a match would mean nothing.
+
+The tolerance `max_overlap` is the share of an item's distinct n-grams that may occur in the agent's
+text (the union over every source scanned) before the item counts as contaminated: at 0.5, a shared
+sentence passes and an item more than half copied does not. An item matched whole is found or not.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import re
+import stat
+import unicodedata
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_WORD = re.compile(r"[^\W_]+")  # runs of letters and digits: \w without the underscore
+# JSON and string-literal escapes: an item copied into a .jsonl line or a script has "\n" where the
+# item breaks a line (a token "n" otherwise) and "\u00e9" where it has "é".
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|[nrtfbv])")
+_UNKNOWN = -1  # the id of a text token no hidden item holds: no n-gram spans it
+CHUNK_CHARS = 1 << 20  # huge texts are normalised and scanned in pieces of about this size
+MAX_WHERE_PER_ITEM = 3
+MAX_SOURCES_LISTED = 8  # what a finding's `where` holds (policy.MAX_FINDING_WHERE)
+MAX_LABEL_CHARS = 160  # labels carry agent-chosen file names
+BINARY_SNIFF_BYTES = 8192
+MAX_TREE_ENTRIES = 100_000
+SKIPPED_SUFFIXES = (".safetensors",)
+
+
+def normalise_tokens(text: str) -> list[str]:
+    """Escapes undone, NFKC, casefold, then the runs of letters and digits:
+    "Q: 3+4\\nA: #### 7" -> q 3 4 a 7."""
+    return _WORD.findall(_normalised(text))
+
+
+def _normalised(text: str) -> str:
+    return unicodedata.normalize("NFKC", _ESCAPE.sub(_unescaped, text)).casefold()
+
+
+def _unescaped(escape: re.Match[str]) -> str:
+    code = escape.group(1)
+    return chr(int(code, 16)) if code else " "
+
+
+@dataclass(frozen=True, eq=False)
+class HiddenIndex:
+    """The hidden items' n-grams, hashed. Tokens become small ids (a text token no item holds
+    breaks every window over it, which makes ordinary text cheap to scan) and an n-gram is keyed by
+    Python's hash of its id tuple: int hashes are not salted, so keys are stable 64-bit values, and
+    a collision can only add a false find, with odds near (n-grams indexed) / 2**64 per window."""
+
+    vocab: dict[str, int]
+    table: dict[int, tuple[int, ...]]  # n-gram key -> the items holding it
+    item_ngrams: tuple[int, ...]  # distinct n-grams per item; 0 for an unscreened item
+    lengths: tuple[int, ...]  # n-gram lengths present, ascending (short items add short ones)
+
+    @classmethod
+    def build(cls, items: Sequence[str], *, ngram: int, min_item_tokens: int) -> HiddenIndex:
+        if not 1 <= min_item_tokens <= ngram:
+            raise ValueError(f"need 1 <= min_item_tokens ({min_item_tokens}) <= ngram ({ngram})")
+        vocab: dict[str, int] = {}
+        holders: dict[int, list[int]] = {}
+        item_ngrams: list[int] = []
+        lengths: set[int] = set()
+        for item_index, item in enumerate(items):
+            tokens = normalise_tokens(item)
+            if len(tokens) < min_item_tokens:
+                item_ngrams.append(0)
+                continue
+            ids = tuple(vocab.setdefault(token, len(vocab)) for token in tokens)
+            size = min(ngram, len(ids))
+            lengths.add(size)
+            keys = {hash(ids[start : start + size]) for start in range(len(ids) - size + 1)}
+            item_ngrams.append(len(keys))
+            for key in keys:
+                holders.setdefault(key, []).append(item_index)
+        table = {key: tuple(indices) for key, indices in holders.items()}
+        return cls(vocab, table, tuple(item_ngrams), tuple(sorted(lengths)))
+
+    @property
+    def unscreened(self) -> int:
+        return self.item_ngrams.count(0)
+
+    def scan(self, text: str) -> dict[int, set[int]]:
+        """Item index -> keys of that item's n-grams that occur in `text`."""
+        return self.scan_counting(text)[0]
+
+    def scan_counting(self, text: str) -> tuple[dict[int, set[int]], int]:
+        """`scan`, and how many tokens `text` holds. In chunks, each starting with the last (longest
+        n - 1) tokens of the one before, so no window is lost."""
+        found: dict[int, set[int]] = {}
+        keep = self.lengths[-1] - 1 if self.lengths else 0
+        carry: list[int] = []
+        tokens = 0
+        for ids in self._id_chunks(text):
+            tokens += len(ids)
+            sequence = carry + ids
+            self._match(sequence, len(carry), found)
+            carry = sequence[max(0, len(sequence) - keep) :]
+        return found, tokens
+
+    def _id_chunks(self, text: str) -> Iterator[list[int]]:
+        start = 0
+        while start < len(text):
+            end = min(len(text), start + CHUNK_CHARS)
+            if end < len(text):
+                # Cut after whitespace: no word nor escape is split, nor characters NFKC would compose.
+                cut = max(text.rfind(space, start, end) for space in " \n\t\r")
+                if cut > start:
+                    end = cut + 1
+            yield [self.vocab.get(token, _UNKNOWN) for token in _WORD.findall(_normalised(text[start:end]))]
+            start = end
+
+    def _match(self, sequence: list[int], seen: int, found: dict[int, set[int]]) -> None:
+        """Record the n-grams in `sequence`, skipping windows inside its first `seen` ids (the
+        previous chunk's carry, already matched). Windows only run within runs of known tokens."""
+        table = self.table
+        breaks = [position for position, token in enumerate(sequence) if token == _UNKNOWN]
+        start = 0
+        for end in (*breaks, len(sequence)):
+            run = tuple(sequence[start:end])
+            for size in self.lengths:
+                for offset in range(max(0, seen - size + 1 - start), len(run) - size + 1):
+                    key = hash(run[offset : offset + size])
+                    for item in table.get(key, ()):
+                        found.setdefault(item, set()).add(key)
+            start = end + 1
+
+
+@dataclass(frozen=True)
+class ItemFinding:
+    item: int  # index into the hidden items
+    share: float  # of its distinct n-grams, the share found
+    where: tuple[str, ...]  # the first MAX_WHERE_PER_ITEM sources it was found in
+
+
+@dataclass(frozen=True)
+class ContaminationReport:
+    items_screened: int
+    items_unscreened: int
+    max_overlap: float
+    findings: tuple[ItemFinding, ...]  # the contaminated items, by index
+    max_share: float  # the highest share found for any item, contaminated or not
+    sources_scanned: int
+    sources_contaminated: int  # sources holding n-grams of a contaminated item
+    top_sources: tuple[tuple[str, int], ...]  # (where, contaminated items it holds), most first
+    bytes_scanned: int
+    tokens_scanned: int
+
+    @property
+    def contaminated(self) -> tuple[int, ...]:
+        return tuple(finding.item for finding in self.findings)
+
+    def where(self) -> list[str]:
+        """Sources holding contamination, most contaminated items first (at most MAX_SOURCES_LISTED)."""
+        return [where for where, _ in self.top_sources]
+
+    def summary(self) -> str:
+        size = f"{_size(self.bytes_scanned)}, {self.tokens_scanned} tokens"
+        scanned = f"{self.sources_scanned} sources ({size})"
+        unscreened = f", {self.items_unscreened} too short to screen" if self.items_unscreened else ""
+        if not self.findings:
+            return f"no hidden item found in {scanned}; {self.items_screened} items screened{unscreened}"
+        shown = ", ".join(repr(where[:80]) for where in self.where()[:2])
+        return (
+            f"{len(self.findings)} of {self.items_screened} hidden items found (more than "
+            f"{self.max_overlap:g} of their n-grams) in {self.sources_contaminated} of {scanned}, "
+            f"most in {shown}"
+        )
+
+    def figures(self) -> dict[str, float | int | str]:
+        return {
+            "items_screened": self.items_screened,
+            "items_unscreened": self.items_unscreened,
+            "contaminated": len(self.findings),
+            "contaminated_share": round(len(self.findings) / max(1, self.items_screened), 4),
+            "max_share": round(self.max_share, 4),
+            "sources_scanned": self.sources_scanned,
+            "sources_contaminated": self.sources_contaminated,
+            "bytes_scanned": self.bytes_scanned,
+            "tokens_scanned": self.tokens_scanned,
+        }
+
+
+def screen(
+    index: HiddenIndex, sources: Iterable[tuple[str, str]], *, max_overlap: float
+) -> ContaminationReport:
+    """Scan every (where, text) source against `index`; an item is contaminated when the share of
+    its n-grams found in all of them together is above `max_overlap`."""
+    if not 0.0 <= max_overlap < 1.0:
+        raise ValueError(f"max_overlap must be in [0, 1), not {max_overlap}")
+    found: dict[int, set[int]] = {}
+    where_by_item: dict[int, list[str]] = {}
+    items_by_source: list[tuple[str, array[int]]] = []
+    sources_scanned = bytes_scanned = tokens_scanned = 0
+    for where, text in sources:
+        hits, tokens = index.scan_counting(text)
+        sources_scanned += 1
+        bytes_scanned += len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        tokens_scanned += tokens
+        label = where[:MAX_LABEL_CHARS]
+        for item, keys in hits.items():
+            found.setdefault(item, set()).update(keys)
+            labels = where_by_item.setdefault(item, [])
+            if len(labels) < MAX_WHERE_PER_ITEM:
+                labels.append(label)
+        if hits:
+            items_by_source.append((label, array("q", sorted(hits))))
+
+    shares = {item: len(keys) / index.item_ngrams[item] for item, keys in found.items()}
+    contaminated = sorted(item for item, share in shares.items() if share > max_overlap)
+    flagged = set(contaminated)
+    per_source = [(where, sum(1 for item in items if item in flagged)) for where, items in items_by_source]
+    per_source = sorted(((where, count) for where, count in per_source if count), key=lambda p: (-p[1], p[0]))
+    findings = tuple(
+        ItemFinding(item=item, share=shares[item], where=tuple(where_by_item[item])) for item in contaminated
+    )
+    return ContaminationReport(
+        items_screened=len(index.item_ngrams) - index.unscreened,
+        items_unscreened=index.unscreened,
+        max_overlap=max_overlap,
+        findings=findings,
+        max_share=max(shares.values(), default=0.0),
+        sources_scanned=sources_scanned,
+        sources_contaminated=len(per_source),
+        top_sources=tuple(per_source[:MAX_SOURCES_LISTED]),
+        bytes_scanned=bytes_scanned,
+        tokens_scanned=tokens_scanned,
+    )
+
+
+def _size(count: int) -> str:
+    return f"{count / 1e6:.1f} MB" if count >= 100_000 else f"{count} bytes"
+
+
+@dataclass
+class TextFileStats:
+    """What `text_files` read and what it left out, for a line such as "3 files skipped: ..."."""
+
+    files_read: int = 0
+    bytes_read: int = 0
+    skipped_binary: int = 0  # weights, a NUL byte near the start, or not UTF-8
+    skipped_too_large: int = 0
+    skipped_not_regular: int = 0  # symlinks, FIFOs, sockets, devices: never opened nor followed
+    skipped_unreadable: int = 0
+    entries_seen: int = 0
+    truncated: bool = False  # stopped at max_total_bytes or MAX_TREE_ENTRIES
+
+    def _kinds(self) -> dict[str, int]:
+        return {
+            "binary": self.skipped_binary,
+            "too large": self.skipped_too_large,
+            "not a regular file": self.skipped_not_regular,
+            "unreadable": self.skipped_unreadable,
+        }
+
+    @property
+    def skipped(self) -> int:
+        return sum(self._kinds().values())
+
+    def summary(self) -> str:
+        line = f"{self.files_read} files read ({_size(self.bytes_read)})"
+        if self.skipped:
+            kinds = ", ".join(f"{count} {kind}" for kind, count in self._kinds().items() if count)
+            line += f"; {self.skipped} skipped: {kinds}"
+        return line + ("; stopped at the size limit" if self.truncated else "")
+
+
+def text_files(
+    roots: Iterable[tuple[str, Path]],
+    *,
+    max_file_bytes: int,
+    max_total_bytes: int,
+    stats: TextFileStats | None = None,
+) -> Iterator[tuple[str, str]]:
+    """(label/relative path, text) of every UTF-8 file under each (label, root), in name order.
+
+    Everything below a root is untrusted: links are never followed, only regular files are opened
+    (without following a link and without blocking on a FIFO), and sizes are bounded. A root itself
+    is the platform's. `stats`, when given, is filled in as the files are read.
+    """
+    stats = stats if stats is not None else TextFileStats()
+    for label, root in roots:
+        for relative, path, size in _regular_files(root, stats):
+            if path.name.endswith(SKIPPED_SUFFIXES):
+                stats.skipped_binary += 1
+                continue
+            if size > max_file_bytes:
+                stats.skipped_too_large += 1
+                continue
+            if stats.bytes_read + size > max_total_bytes:
+                stats.truncated = True
+                return
+            data = _read_regular(path, size, stats)  # a file grown since it was listed is too large
+            if data is None:
+                continue
+            stats.bytes_read += len(data)
+            if b"\0" in data[:BINARY_SNIFF_BYTES]:
+                stats.skipped_binary += 1
+                continue
+            try:
+                text = data.decode("utf-8", errors="strict")
+            except UnicodeDecodeError:
+                stats.skipped_binary += 1
+                continue
+            stats.files_read += 1
+            yield f"{label}/{relative}", text
+        if stats.truncated:
+            return
+
+
+def _regular_files(root: Path, stats: TextFileStats) -> Iterator[tuple[str, Path, int]]:
+    """(relative path, path, size) of the regular files under `root`, by lstat. An explicit stack,
+    not recursion: an agent can nest directories deeper than Python's recursion limit."""
+    stack: list[tuple[Path, str]] = [(root, "")]
+    while stack:
+        directory, prefix = stack.pop()
+        try:
+            with os.scandir(directory) as listing:  # a huge directory is read no further than the limit
+                entries = list(itertools.islice(listing, MAX_TREE_ENTRIES - stats.entries_seen))
+                stats.entries_seen += len(entries)
+                stats.truncated = next(listing, None) is not None
+        except OSError:
+            if prefix:  # a missing root is a job that wrote nothing
+                stats.skipped_unreadable += 1
+            continue
+        files: list[tuple[str, Path, int]] = []
+        # Reverse name order: files are yielded reversed back, and the first directory pops first.
+        for entry in sorted(entries, key=lambda entry: entry.name, reverse=True):
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                stats.skipped_unreadable += 1
+                continue
+            relative = prefix + entry.name
+            if stat.S_ISDIR(info.st_mode):
+                stack.append((Path(entry.path), relative + "/"))
+            elif stat.S_ISREG(info.st_mode):
+                files.append((relative, Path(entry.path), info.st_size))
+            else:
+                stats.skipped_not_regular += 1
+        yield from reversed(files)
+        if stats.truncated:
+            return
+
+
+def _read_regular(path: Path, limit: int, stats: TextFileStats) -> bytes | None:
+    """At most `limit` bytes, or None (counted in `stats`) when the file changed into something
+    else since it was listed: a link (O_NOFOLLOW), a FIFO (O_NONBLOCK, fstat) or a larger file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                stats.skipped_not_regular += 1
+                return None
+            data = stream.read(limit + 1)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            stats.skipped_not_regular += 1
+        else:
+            stats.skipped_unreadable += 1
+        return None
+    if len(data) > limit:
+        stats.skipped_too_large += 1
+        return None
+    return data
