@@ -137,7 +137,8 @@ def describe(ep: Obj, jobs: list[Obj], now: datetime) -> str:
         lines.append(f"Integrity: {integrity.get('label')}   Dev evaluations: {used}")
         for finding in integrity.get("findings") or []:
             where = ", ".join(finding.get("where") or []) or "-"
-            lines.append(f"  {finding['verdict']} ({finding['check']}): {finding['summary']} [in: {where}]")
+            by = finding["check"] + (f" {finding['source']}" if finding.get("source") else "")
+            lines.append(f"  {finding['verdict']} ({by}): {finding['summary']} [in: {where}]")
     if status.get("orphanedJobs"):
         lines.append("Orphaned:  " + ", ".join(o["name"] for o in status["orphanedJobs"]))
     if status.get("message"):

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Action = Literal["record", "withhold"]
 Check = Literal["contamination", "identity", "devEvaluations", "judge"]
 Verdict = Literal["flagged", "violation"]
-IntegrityLabel = Literal["clean", "flagged", "violation"]
 
 MAX_FINDING_SUMMARY_CHARS = 500
 MAX_FINDING_WHERE = 8
@@ -108,9 +107,3 @@ class Finding(BaseModel):
 
 def verdict_of(action: Action) -> Verdict:
     return "violation" if action == "withhold" else "flagged"
-
-
-def label_of(findings: list[Finding]) -> IntegrityLabel:
-    if any(f.verdict == "violation" for f in findings):
-        return "violation"
-    return "flagged" if findings else "clean"

@@ -29,16 +29,18 @@ from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.ending import finalize_episode
 from posttrain_operator.reconcile.episode import reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
+from posttrain_operator.reconcile.judging import apply_judge_finding
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
 from posttrain_operator.runtime import build_context, check_backends, publish_registered_tasks, serve_metrics
 
 EPISODES = (GROUP, VERSION, "episodes")
 AGENTJOBS = (GROUP, VERSION, "agentjobs")
+JUDGEFINDINGS = (GROUP, VERSION, "judgefindings")
 log = logging.getLogger(__name__)
 
 
 def _namespaced(namespace: str | None) -> str:
-    assert namespace is not None, "both kinds are namespaced"
+    assert namespace is not None, "every kind is namespaced"
     return namespace
 
 
@@ -179,6 +181,15 @@ async def agentjob_delete(namespace: str | None, name: str, memo: kopf.Memo, ret
         raise kopf.TemporaryError(
             "the backend has not confirmed the cancellation yet", delay=min(300, 5 * 2**retry)
         )
+
+
+@kopf.on.create(*JUDGEFINDINGS)
+@kopf.on.resume(*JUDGEFINDINGS)
+async def judgefinding_apply(
+    namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any
+) -> None:
+    step = apply_judge_finding(memo.ctx, _namespaced(namespace), name, observed=dict(body))
+    await _run(memo, "JudgeFinding", step, retry)
 
 
 @kopf.daemon(*EPISODES, cancellation_timeout=10)

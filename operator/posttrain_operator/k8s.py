@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from posttrain_operator.api.judging import JudgeFindingStatus
 from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, EpisodeStatus, status_of
 from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
 from posttrain_operator.client_environment import read_environment_once
@@ -184,6 +185,17 @@ class Kube:
             _content_type=MERGE_PATCH,  # type: ignore[call-arg]
         )
         return body
+
+    async def patch_judgefinding_status(self, namespace: str, name: str, status: JudgeFindingStatus) -> None:
+        await self.custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            "judgefindings",
+            name,
+            {"status": status.wire()},
+            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+        )
 
     async def patch_agentjob(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         body: dict[str, Any] = await self.custom.patch_namespaced_custom_object(

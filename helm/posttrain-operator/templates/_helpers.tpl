@@ -131,7 +131,7 @@ in each watched namespace.
 # Application: the operator's own resources. kopf watches them and patches finalizers and its
 # progress annotations; the reconcilers read, create score jobs and label/patch jobs.
 - apiGroups: ["posttrain.dev"]
-  resources: ["episodes", "agentjobs"]
+  resources: ["episodes", "agentjobs", "judgefindings"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["posttrain.dev"]
   resources: ["agentjobs"]
@@ -141,7 +141,7 @@ in each watched namespace.
   resources: ["episodes/status"]
   verbs: ["update"]
 - apiGroups: ["posttrain.dev"]
-  resources: ["agentjobs/status"]
+  resources: ["agentjobs/status", "judgefindings/status"]
   verbs: ["patch"]
 # Application: owner references with blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
 - apiGroups: ["posttrain.dev"]

@@ -1,4 +1,4 @@
-"""Generate the Episode and AgentJob CRDs from the pydantic models.
+"""Generate the Episode, AgentJob and JudgeFinding CRDs from the pydantic models.
 
 `python -m posttrain_operator.api.crds --write DIR` writes them; `--check DIR` fails on drift. The
 schemas are structural and strict (no preserve-unknown-fields on spec); immutability is CEL.
@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from posttrain_operator.api.judging import JudgeFindingSpec, JudgeFindingStatus
 from posttrain_operator.api.models import (
     GROUP,
     MAX_SCRIPT_BYTES,
@@ -109,6 +110,7 @@ AGENTJOB_SPEC_RULES = [
         "fieldPath": ".inputsFrom",
     },
 ]
+JUDGEFINDING_SPEC_RULES = [{"rule": "self == oldSelf", "message": "JudgeFinding spec is immutable"}]
 # Rules over the whole object (they see metadata.name).
 AGENTJOB_RULES = [
     {
@@ -238,7 +240,27 @@ def render() -> dict[str, dict[str, Any]]:
         selectable=(".spec.episode", ".spec.purpose"),
         object_rules=AGENTJOB_RULES,
     )
-    return {f"{GROUP}_episodes.yaml": episode, f"{GROUP}_agentjobs.yaml": agentjob}
+    judgefinding = _crd(
+        "JudgeFinding",
+        "judgefindings",
+        ["jf"],
+        JudgeFindingSpec,
+        JudgeFindingStatus,
+        JUDGEFINDING_SPEC_RULES,
+        [
+            _col("Episode", ".spec.episode"),
+            _col("Verdict", ".spec.verdict"),
+            _col("Phase", ".status.phase"),
+            _col("Reason", ".status.reason", priority=1),
+            age,
+        ],
+        "JudgeFinding is a judge's finding on an ended Episode, appended to its status.integrity.",
+    )
+    return {
+        f"{GROUP}_episodes.yaml": episode,
+        f"{GROUP}_agentjobs.yaml": agentjob,
+        f"{GROUP}_judgefindings.yaml": judgefinding,
+    }
 
 
 def render_text() -> dict[str, str]:

@@ -232,6 +232,9 @@ class IntegrityFinding(ApiModel):
     figures: dict[str, str] = Field(
         default_factory=dict, max_length=16, description="figures are the check's numbers, as strings."
     )
+    source: str | None = Field(
+        default=None, max_length=253, description="source names the JudgeFinding that appended it (judges')."
+    )
 
 
 class Integrity(ApiModel):

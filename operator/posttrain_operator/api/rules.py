@@ -22,6 +22,8 @@ from posttrain_operator.api.models import (
     AgentJobStatus,
     EpisodeSpec,
     EpisodeStatus,
+    Integrity,
+    IntegrityFinding,
     Ledger,
     status_of,
 )
@@ -183,6 +185,13 @@ def seconds_left(status: EpisodeStatus, now: datetime) -> int | None:
 
 def has_ended(status: EpisodeStatus) -> bool:
     return status.phase in ENDED_PHASES
+
+
+def integrity_of(findings: list[IntegrityFinding]) -> Integrity:
+    """The reward's label from its findings: any violation wins, any finding flags."""
+    verdicts = {f.verdict for f in findings}
+    label = "violation" if "violation" in verdicts else "flagged" if findings else "clean"
+    return Integrity(label=label, findings=findings)
 
 
 def token_hash(token: str) -> str:

@@ -13,21 +13,12 @@ from posttrain_operator.api.models import (
     AgentJobStatus,
     EpisodeSpec,
     EpisodeStatus,
-    Integrity,
-    IntegrityFinding,
     status_of,
 )
-from posttrain_operator.api.rules import grader_flavor, new_job_metadata
+from posttrain_operator.api.rules import grader_flavor, integrity_of, new_job_metadata
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.ending import End, end_episode, set_status
-
-
-def integrity_of(findings: list[IntegrityFinding]) -> Integrity:
-    """The reward's label from its findings: any violation wins, any finding flags."""
-    verdicts = {f.verdict for f in findings}
-    label = "violation" if "violation" in verdicts else "flagged" if findings else "clean"
-    return Integrity(label=label, findings=findings)
 
 
 def scoring_outcome(score_job: dict[str, Any] | None) -> End | None:

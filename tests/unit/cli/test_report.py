@@ -115,3 +115,19 @@ def test_describe_and_the_report_show_which_job_read_which_back_to_the_base_mode
     page, _ = episode_report(episode, [sft, dpo], NOW)
     assert "<h2>Lineage</h2>" in page and "sft &lt;- base model" in page
     assert "Lineage:" not in describe(EPISODE, JOBS, NOW)  # nothing read, nothing submitted
+
+
+def test_describe_lists_the_integrity_findings_and_the_judge_behind_one() -> None:
+    findings = [
+        {"check": "identity", "verdict": "flagged", "summary": "the base unchanged", "where": ["checkpoint"]},
+        {"check": "judge", "verdict": "violation", "summary": "test items in a script", "source": "jf-1"},
+    ]
+    judged = {
+        **EPISODE,
+        "status": {**EPISODE["status"], "integrity": {"label": "violation", "findings": findings}},
+    }
+    text = describe(judged, JOBS, NOW)
+    assert "Integrity: violation" in text
+    assert "flagged (identity): the base unchanged [in: checkpoint]" in text
+    assert "violation (judge jf-1): test items in a script [in: -]" in text
+    assert "Integrity:" not in describe(EPISODE, JOBS, NOW)

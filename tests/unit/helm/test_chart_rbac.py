@@ -33,6 +33,8 @@ def application(scope: str) -> set[Rule]:
         | _rules(scope, "posttrain.dev", "agentjobs", "get", "list", "watch", "patch", "create")
         | _rules(scope, "posttrain.dev", "episodes/status", "update")
         | _rules(scope, "posttrain.dev", "agentjobs/status", "patch")
+        | _rules(scope, "posttrain.dev", "judgefindings", "get", "list", "watch", "patch")
+        | _rules(scope, "posttrain.dev", "judgefindings/status", "patch")
         | _rules(scope, "posttrain.dev", "episodes/finalizers", "update")
         | _rules(scope, "posttrain.dev", "agentjobs/finalizers", "update")
         | _rules(scope, "", "events", "create")
@@ -121,6 +123,25 @@ def test_no_identity_may_read_secrets_broadly_or_escalate(values: dict[str, Any]
         assert not {r for r in rules if r[3] in {"escalate", "bind", "impersonate"}}
         assert not {r for r in rules if r[1] == "rbac.authorization.k8s.io"}
     assert not {r for r in granted(docs, GATEWAY_SA) if r[2] in {"secrets", "agentjobs/status", "pods"}}
+
+
+JUDGE_SA = f"system:serviceaccount:{NAMESPACE}:llm-judge"
+
+
+def test_only_the_judges_may_append_findings(default_docs: list[dict[str, Any]]) -> None:
+    # No one is a judge by default; the gateway (which may patch Episodes) never is.
+    assert granted(default_docs, JUDGE_SA) == set()
+    for docs in (default_docs, render(PODS_VALUES)):
+        assert not {r for r in granted(docs, GATEWAY_SA) if r[2].startswith("judgefindings")}
+        assert not {r for r in granted(docs, OPERATOR_SA) if r[2] == "judgefindings" and r[3] == "create"}
+    judged = render(
+        {"judges": {"subjects": [{"kind": "ServiceAccount", "name": "llm-judge", "namespace": NAMESPACE}]}}
+    )
+    assert granted(judged, JUDGE_SA) == (
+        _rules("cluster", "posttrain.dev", "judgefindings", "get", "list", "watch", "create")
+        | _rules("cluster", "posttrain.dev", "episodes", "get", "list", "watch")
+        | _rules("cluster", "posttrain.dev", "agentjobs", "get", "list", "watch")
+    )
 
 
 def test_disabled_gateway_has_no_identity_and_the_broker_trusts_nobody() -> None:

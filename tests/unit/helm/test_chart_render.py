@@ -41,6 +41,7 @@ SUFFIXES = (
     "-operator-framework",
     "-operator-leader",
     "-uninstall",
+    "-judge",
     "-operator-pods",
     "-test",
     "-score-jobs",
@@ -73,6 +74,7 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
     assert kinds == sorted([
         ("ClusterRole", f"{FULL}-operator"),
         ("ClusterRole", f"{FULL}-operator-framework"),
+        ("ClusterRole", f"{FULL}-judge"),
         ("ClusterRoleBinding", f"{FULL}-operator"),
         ("ClusterRoleBinding", f"{FULL}-operator-framework"),
         ("ClusterRole", f"{FULL}-uninstall"),
