@@ -30,6 +30,8 @@ class GraderInputs:
     purpose: GraderPurpose = "score"
     # The outputs of the jobs the checkpoint was built on (a score job's), by job name.
     lineage: tuple[tuple[str, Path], ...] = ()
+    # The sha256 of each of those jobs' scripts, as the operator recorded them, checkpoint's job first.
+    scripts: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_env(

@@ -14,7 +14,7 @@ import os
 import random
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, get_args
 
@@ -39,14 +39,20 @@ def _log(message: str) -> None:
 
 
 def run_grader(
-    task_name: str, env: Mapping[str, str], purpose: GraderPurpose = "score", sample_seed: int | None = None
+    task_name: str,
+    env: Mapping[str, str],
+    purpose: GraderPurpose = "score",
+    sample_seed: int | None = None,
+    scripts: Sequence[tuple[str, str]] = (),
 ) -> GraderResult:
     """Grade per the task, then (a score job) run its integrity checks; any failure of the platform's
     side becomes status `error`, not an exception. `sample_seed` grades a dev evaluation on a fresh
-    subsample of dev, where the task asks for one."""
+    subsample of dev, where the task asks for one; `scripts` are the (job, sha256) of the scripts the
+    submission was built by, its own job's first."""
     try:
         task = get_task(task_name)
         inputs = GraderInputs.from_env(env, needs_base_model=task.base_model is not None, purpose=purpose)
+        inputs = dataclasses.replace(inputs, scripts=tuple(scripts))
         module: GraderModule = importlib.import_module(task.grader)
         sample_size = task.integrity.dev_evaluations.sample_size
         if purpose != "devEval" or sample_size is None or sample_seed is None:
@@ -79,11 +85,19 @@ def subsample_split(split: Path, scratch: Path, size: int, seed: int) -> Path:
     return scratch
 
 
+def _job_script(value: str) -> tuple[str, str]:
+    job, _, sha256 = value.partition("=")
+    if not job or len(sha256) != 64:
+        raise argparse.ArgumentTypeError(f"expected JOB=SHA256, got {value!r}")
+    return job, sha256
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m graders.run")
     parser.add_argument("--task", required=True)
     parser.add_argument("--purpose", choices=get_args(GraderPurpose), default="score")
     parser.add_argument("--sample-seed", type=int, default=None)
+    parser.add_argument("--script", type=_job_script, action="append", default=[], metavar="JOB=SHA256")
     args = parser.parse_args(argv)
     output_dir = os.environ.get(OUTPUT_DIR_ENV)
     if not output_dir:
@@ -94,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     # on a shared CPU; passive waiting measured 3-5x faster on a busy 2-core machine.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-    result = run_grader(args.task, os.environ, args.purpose, args.sample_seed)
+    result = run_grader(args.task, os.environ, args.purpose, args.sample_seed, args.script)
     write_result(Path(output_dir), result)
     _log(f"task {args.task}: status {result.status}, n {result.n}, result written")
     if result.status == "error":

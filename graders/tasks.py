@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from importlib import metadata
@@ -210,17 +210,29 @@ class Task(BaseModel):
         """The split a grader job mounts: dev for the agent's `dev_evaluate`, hidden for `submit`."""
         return self.hidden_split if purpose == "score" else self.dev_split
 
-    def grader_argv(self, purpose: GraderPurpose = "score", sample_seed: int | None = None) -> list[str]:
+    def grader_argv(
+        self,
+        purpose: GraderPurpose = "score",
+        sample_seed: int | None = None,
+        scripts: Sequence[tuple[str, str]] = (),
+    ) -> list[str]:
         """`python -m graders.run`'s arguments; `sample_seed` picks a dev evaluation's subsample, where
-        the task answers each on a fresh one."""
+        the task answers each on a fresh one; `scripts`, (job, sha256), are a score job's evidence."""
         argv = ["--task", self.name, "--purpose", purpose]
         if sample_seed is not None and self.integrity.dev_evaluations.sample_size is not None:
             argv += ["--sample-seed", str(sample_seed)]
+        for job, sha256 in scripts:
+            argv += ["--script", f"{job}={sha256}"]
         return argv
 
-    def grader_script(self, purpose: GraderPurpose = "score", sample_seed: int | None = None) -> str:
+    def grader_script(
+        self,
+        purpose: GraderPurpose = "score",
+        sample_seed: int | None = None,
+        scripts: Sequence[tuple[str, str]] = (),
+    ) -> str:
         """Python source for a launcher job of role `grader` (the launcher runs a script, not argv)."""
-        argv = self.grader_argv(purpose, sample_seed)
+        argv = self.grader_argv(purpose, sample_seed, scripts)
         return f"import sys\nfrom graders.run import main\nsys.exit(main({argv!r}))\n"
 
 

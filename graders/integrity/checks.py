@@ -4,6 +4,9 @@ the hidden split, the checkpoint and the outputs of the jobs it was built on."""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+
 from graders.assets.datasets import read_jsonl
 from graders.checkpoint import base_tensor_shapes, read_checkpoint_tensors
 from graders.checkpoint_files import agent_bytes, checkpoint_root
@@ -15,6 +18,10 @@ from graders.tasks import DATASET_FILE, Task
 # What the screen reads of the agent's outputs: text files, each and all together bounded.
 MAX_SCREENED_FILE_BYTES = 64 << 20
 MAX_SCREENED_BYTES = 1 << 30
+# The launcher's copy of an agent job's script in its outputs (posttrain_launcher.launcher), at most
+# the 256 KiB a script may be.
+SCRIPT_COPY_NAME = "posttrain-script.py"
+MAX_SCRIPT_COPY_BYTES = 256 * 1024
 
 
 def integrity_findings(task: Task, inputs: GraderInputs) -> list[Finding]:
@@ -55,20 +62,55 @@ def identity_findings(policy: IdentityPolicy, inputs: GraderInputs) -> list[Find
 
 def contamination_findings(policy: ContaminationPolicy, inputs: GraderInputs) -> list[Finding]:
     records = read_jsonl(inputs.split / DATASET_FILE)
-    items = ["\n".join(str(record.get(field, "")) for field in policy.fields) for record in records]
+    items = [tuple(str(record.get(field, "")) for field in policy.fields) for record in records]
     index = text.HiddenIndex.build(items, ngram=policy.ngram, min_item_tokens=policy.min_item_tokens)
+    scripts, unaccounted = script_sources(inputs)
     roots = [("outputs:checkpoint", checkpoint_root(inputs.checkpoint))]
     roots += [(f"outputs:{job}", path) for job, path in inputs.lineage]
-    files = text.text_files(roots, max_file_bytes=MAX_SCREENED_FILE_BYTES, max_total_bytes=MAX_SCREENED_BYTES)
-    report = text.screen(index, files, max_overlap=policy.max_overlap)
-    if len(report.contaminated) <= policy.max_items:
-        return []
-    return [
-        Finding(
-            check="contamination",
-            verdict=verdict_of(policy.action),
-            summary=report.summary(),
-            where=report.where(),
-            figures=report.figures(),
+    files = text.text_files(
+        roots, max_file_bytes=MAX_SCREENED_FILE_BYTES, max_total_bytes=MAX_SCREENED_BYTES,
+        skip=frozenset({SCRIPT_COPY_NAME}),
+    )  # fmt: skip
+    report = text.screen(index, itertools.chain(scripts, files), max_overlap=policy.max_overlap)
+    findings: list[Finding] = []
+    if unaccounted:
+        findings.append(
+            Finding(
+                check="evidence",
+                verdict=verdict_of(policy.action),
+                summary=f"what {len(unaccounted)} job(s) the submission was built on ran was not screened: "
+                f"the launcher's copy of the script ({SCRIPT_COPY_NAME} in the job's outputs) is missing "
+                "or altered, or the job's AgentJob was deleted",
+                where=[f"script:{job}" for job in unaccounted],
+                figures={"scripts_expected": len(inputs.scripts), "scripts_unaccounted": len(unaccounted)},
+            )
         )
-    ]
+    if len(report.contaminated) > policy.max_items:
+        findings.append(
+            Finding(
+                check="contamination",
+                verdict=verdict_of(policy.action),
+                summary=report.summary(),
+                where=report.where(),
+                figures=report.figures(),
+            )
+        )
+    return findings
+
+
+def script_sources(inputs: GraderInputs) -> tuple[list[tuple[str, str]], list[str]]:
+    """The scripts the submission's jobs ran, as `script:<job>` sources, from the launcher's copy in
+    each job's outputs whose sha256 is the one the operator passed; and the jobs whose copy is not."""
+    mounted = dict(inputs.lineage)
+    sources: list[tuple[str, str]] = []
+    unaccounted: list[str] = []
+    for position, (job, sha256) in enumerate(inputs.scripts):
+        root = inputs.checkpoint if position == 0 else mounted.get(job)
+        if root is None:  # the platform's failure: the grader result is `error`
+            raise RuntimeError(f"job {job}'s outputs are not mounted, yet its script is expected")
+        data = text.read_regular(root / SCRIPT_COPY_NAME, MAX_SCRIPT_COPY_BYTES)
+        if data is None or hashlib.sha256(data).hexdigest() != sha256:
+            unaccounted.append(job)
+            continue
+        sources.append((f"script:{job}", data.decode("utf-8", errors="replace")))
+    return sources, unaccounted

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Action = Literal["record", "withhold"]
-Check = Literal["contamination", "identity", "devEvaluations", "judge"]
+Check = Literal["contamination", "evidence", "identity", "devEvaluations", "judge"]
 Verdict = Literal["flagged", "violation"]
 
 MAX_FINDING_SUMMARY_CHARS = 500
@@ -44,7 +44,7 @@ class ContaminationPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # The hidden records' fields whose text, joined, is an item.
+    # The hidden records' fields that make an item; n-grams are cut within each field (text.py).
     fields: tuple[str, ...] = Field(min_length=1)
     ngram: int = Field(default=13, ge=3, le=64)
     # Items shorter than `ngram` tokens are matched whole; shorter than this, not screened at all.

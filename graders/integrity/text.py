@@ -67,7 +67,13 @@ class HiddenIndex:
     lengths: tuple[int, ...]  # n-gram lengths present, ascending (short items add short ones)
 
     @classmethod
-    def build(cls, items: Sequence[str], *, ngram: int, min_item_tokens: int) -> HiddenIndex:
+    def build(
+        cls, items: Sequence[str | tuple[str, ...]], *, ngram: int, min_item_tokens: int
+    ) -> HiddenIndex:
+        """An item is a text, or the texts of its fields: n-grams are then cut within each field (a
+        field shorter than `ngram` is one n-gram, matched whole; one shorter than `min_item_tokens`
+        is joined with the next), so what a copy puts between the fields (a JSON key, another
+        order) breaks none of them."""
         if not 1 <= min_item_tokens <= ngram:
             raise ValueError(f"need 1 <= min_item_tokens ({min_item_tokens}) <= ngram ({ngram})")
         vocab: dict[str, int] = {}
@@ -75,14 +81,16 @@ class HiddenIndex:
         item_ngrams: list[int] = []
         lengths: set[int] = set()
         for item_index, item in enumerate(items):
-            tokens = normalise_tokens(item)
-            if len(tokens) < min_item_tokens:
+            segments = _segments([normalise_tokens(field) for field in _fields(item)], min_item_tokens)
+            if sum(map(len, segments)) < min_item_tokens:
                 item_ngrams.append(0)
                 continue
-            ids = tuple(vocab.setdefault(token, len(vocab)) for token in tokens)
-            size = min(ngram, len(ids))
-            lengths.add(size)
-            keys = {hash(ids[start : start + size]) for start in range(len(ids) - size + 1)}
+            keys: set[int] = set()
+            for segment in segments:
+                ids = tuple(vocab.setdefault(token, len(vocab)) for token in segment)
+                size = min(ngram, len(ids))
+                lengths.add(size)
+                keys.update(hash(ids[start : start + size]) for start in range(len(ids) - size + 1))
             item_ngrams.append(len(keys))
             for key in keys:
                 holders.setdefault(key, []).append(item_index)
@@ -137,6 +145,27 @@ class HiddenIndex:
                     for item in table.get(key, ()):
                         found.setdefault(item, set()).add(key)
             start = end + 1
+
+
+def _fields(item: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (item,) if isinstance(item, str) else item
+
+
+def _segments(fields: list[list[str]], min_tokens: int) -> list[list[str]]:
+    """The fields' tokens, each field a segment of its own; a field shorter than `min_tokens` joined
+    with the next (the last one with the one before)."""
+    segments: list[list[str]] = []
+    run: list[str] = []
+    for tokens in fields:
+        run = run + tokens
+        if len(run) >= min_tokens:
+            segments.append(run)
+            run = []
+    if run and segments:
+        segments[-1] = segments[-1] + run
+    elif run:
+        segments.append(run)
+    return segments
 
 
 @dataclass(frozen=True)
@@ -284,8 +313,10 @@ def text_files(
     max_file_bytes: int,
     max_total_bytes: int,
     stats: TextFileStats | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, str]]:
-    """(label/relative path, text) of every UTF-8 file under each (label, root), in name order.
+    """(label/relative path, text) of every UTF-8 file under each (label, root), in name order, but
+    those whose relative path is in `skip` (read otherwise).
 
     Everything below a root is untrusted: links are never followed, only regular files are opened
     (without following a link and without blocking on a FIFO), and sizes are bounded. A root itself
@@ -294,6 +325,8 @@ def text_files(
     stats = stats if stats is not None else TextFileStats()
     for label, root in roots:
         for relative, path, size in _regular_files(root, stats):
+            if relative in skip:
+                continue
             if path.name.endswith(SKIPPED_SUFFIXES):
                 stats.skipped_binary += 1
                 continue
@@ -354,6 +387,16 @@ def _regular_files(root: Path, stats: TextFileStats) -> Iterator[tuple[str, Path
         yield from reversed(files)
         if stats.truncated:
             return
+
+
+def read_regular(path: Path, limit: int) -> bytes | None:
+    """At most `limit` bytes of a regular file, never through a link nor blocking on a FIFO; None
+    when `path` is anything else, or missing."""
+    try:
+        size = os.lstat(path).st_size
+    except OSError:
+        return None
+    return _read_regular(path, min(size, limit), TextFileStats())
 
 
 def _read_regular(path: Path, limit: int, stats: TextFileStats) -> bytes | None:

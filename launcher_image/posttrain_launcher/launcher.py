@@ -31,6 +31,8 @@ EXIT_OUTPUT_CAP = 3  # the job was stopped: its outputs passed max_output_bytes
 EXIT_FILE_CAP = 4  # the job failed with a file at max_file_bytes: a write past it was refused
 EXIT_SCRATCH_CAP = 5  # the job was stopped: its HOME and TMPDIR passed max_scratch_bytes
 
+# The agent job's script, copied into its outputs (graders/integrity/checks.py reads it by this name).
+SCRIPT_COPY_NAME = "posttrain-script.py"
 OUTPUT_SCAN_SECONDS = 2.0
 # After the job exits, how long its leftover descendants may keep the log pipes open.
 DRAIN_SECONDS = 2.0
@@ -122,6 +124,11 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
         env = environment.job_environment(
             environ, spec, inputs=inputs, output_dir=output_dir, private=private, package_dir=package_dir
         )
+        if spec.role == "agent":
+            try:
+                copy_script(output_dir, spec.script)
+            except OSError as exc:
+                raise Refusal(f"cannot copy the script into {output_dir}: {exc}") from None
         log_fd = None
         if spec.limits.max_log_file_bytes:
             try:
@@ -133,6 +140,19 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
         raise
     cwd = scratch if spec.role == "grader" else env["HOME"]
     return PreparedJob(spec, scratch, private, script, cwd, output_dir, inputs, env, bounds, net, log_fd)
+
+
+def copy_script(output_dir: str, script: str) -> None:
+    """The script, into the outputs before any job code runs, as the score job's evidence of what ran
+    (docs/integrity.md): a new file (never one the job placed, nor a link it planted), the launcher's
+    and read-only. The job can still remove it; the score job then finds it missing, and its hash,
+    which the operator passes, tells an altered copy from the script."""
+    path = os.path.join(output_dir, SCRIPT_COPY_NAME)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(script.encode("utf-8", "surrogatepass"))
 
 
 def _child(job: PreparedJob, out_w: int, err_w: int) -> None:

@@ -92,8 +92,10 @@ def validate_against_task(spec: AgentJobSpec, task: Task, flavors: list[str], ma
     refused = task.package_refusal(spec.packages)
     if refused is not None:
         raise InvalidJob(refused)
-    if spec.evidence_from and spec.purpose != "score":
-        raise InvalidJob("evidenceFrom is the operator's, for score jobs only")
+    if (spec.evidence_from or spec.evidence_scripts) and spec.purpose != "score":
+        raise InvalidJob("evidenceFrom and evidenceScripts are the operator's, for score jobs only")
+    if spec.evidence_scripts and len(spec.evidence_scripts) != 1 + len(spec.evidence_from):
+        raise InvalidJob("evidenceScripts has one sha256 for checkpointFrom and one per evidenceFrom")
     if spec.purpose in ("devEval", "score"):
         if not spec.checkpoint_from:
             raise InvalidJob(f"a {spec.purpose} job needs checkpointFrom")
@@ -101,6 +103,11 @@ def validate_against_task(spec: AgentJobSpec, task: Task, flavors: list[str], ma
             raise InvalidJob(
                 f"a {spec.purpose} job runs the task's grader: script and packages must be empty"
             )
+
+
+def script_sha256(script: str) -> str:
+    """What a score job expects of the launcher's copy of a job's script (the same bytes it writes)."""
+    return hashlib.sha256(script.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def sample_seed(uid: str) -> int:
@@ -176,7 +183,11 @@ def build_request(
         launcher |= {
             "role": "grader",
             "script": task.grader_script(
-                purpose, sample_seed=sample_seed(uid) if purpose == "devEval" else None
+                purpose,
+                sample_seed=sample_seed(uid) if purpose == "devEval" else None,
+                scripts=list(
+                    zip([spec.checkpoint_from, *spec.evidence_from], spec.evidence_scripts, strict=False)
+                ),
             ),
             "packages": [],
             "limits": limits.launcher_limits(),

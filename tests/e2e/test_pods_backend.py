@@ -691,6 +691,7 @@ def test_gsm8k_stand_in_on_pods(request: pytest.FixtureRequest, pods_release: Re
         f"{ended['reward_interval']} dev {dev_score}",
     )
     assert ended["outcome"] == "Scored" and float(ended["reward"]) > 0, ended
+    assert ended["integrity"] == "clean", status.get("integrity")  # its scripts and outputs screened
     interval = status["rewardInterval"]
     assert float(interval["low"]) <= float(status["reward"]) <= float(interval["high"]), status
     assert ended["reward_interval"] == [interval["low"], interval["high"]]
@@ -704,4 +705,5 @@ def test_t0_arithmetic_format_on_pods(request: pytest.FixtureRequest, pods_relea
     result = _play(request, pods_release, "t0_arithmetic_format")
     assert result.outcome == "Scored" and result.reward is not None, result
     assert float(result.reward) >= 0.9, result
+    assert result.integrity == "clean", result
     _assert_settled_from_pod_run_time(pods_release, result.episode)

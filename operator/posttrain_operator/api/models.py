@@ -356,6 +356,13 @@ class AgentJobSpec(ApiModel):
         "(the submission's lineage); set by the operator only.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    evidence_scripts: list[Annotated[str, Field(pattern=SHA256_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=MAX_LINEAGE + 1,
+        description="evidenceScripts are the sha256 of the scripts of checkpointFrom, then of each of "
+        "evidenceFrom: the score job screens the launcher's copy of each that matches; set by the "
+        "operator only.",
+    )
 
 
 class Artifact(ApiModel):

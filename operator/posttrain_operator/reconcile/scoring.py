@@ -16,9 +16,12 @@ from posttrain_operator.api.models import (
     status_of,
 )
 from posttrain_operator.api.rules import grader_flavor, integrity_of, new_job_metadata
+from posttrain_operator.jobspec import script_sha256
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.ending import End, end_episode, set_status
+
+UNKNOWN_SCRIPT = "0" * 64
 
 
 def scoring_outcome(score_job: dict[str, Any] | None) -> End | None:
@@ -96,9 +99,16 @@ async def start_scoring(
 async def _ensure_score_job(
     ctx: Context, body: dict[str, Any], spec: EpisodeSpec, task: Task, job_name: str, lineage: list[str]
 ) -> dict[str, Any]:
-    """The score job: it grades the submission and screens the outputs of the jobs it was built on."""
+    """The score job: it grades the submission and screens the outputs and the scripts of the jobs it
+    was built on (their scripts' hashes, from one list of the episode's jobs)."""
     meta = body["metadata"]
     assert spec.submission is not None
+    scripts = {
+        job["metadata"]["name"]: script_sha256(job["spec"].get("script") or "")
+        for job in await ctx.kube.list_agentjobs(meta["namespace"], meta["name"])
+    }
+    # A job whose AgentJob is gone cannot be vouched for: no copy matches an unknown hash.
+    evidence = [scripts.get(job, UNKNOWN_SCRIPT) for job in [spec.submission.checkpoint_from, *lineage]]
     return await ctx.kube.create_agentjob(
         meta["namespace"],
         {
@@ -112,6 +122,7 @@ async def _ensure_score_job(
                 "timeoutSeconds": spec.scoring.timeout_seconds or task.scoring_timeout_seconds,
                 "checkpointFrom": spec.submission.checkpoint_from,
                 "evidenceFrom": lineage,
+                "evidenceScripts": evidence,
             },
         },
     )

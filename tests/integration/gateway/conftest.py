@@ -20,11 +20,14 @@ import websockets
 import yaml
 
 from devstack import cluster as devcluster
+from devstack.hf_emulator import HfEmulator
 from env_gateway.config import GatewaySettings
 from env_gateway.main import create_app
+from graders.assets import materialize_assets
 from tests.conftest import Kubectl
+from tests.gsm8k_standin import SETTINGS, standin_registry
 from tests.helpers import wait_for
-from tests.integration.conftest import BROKER_NAMESPACE, OperatorProcess
+from tests.integration.conftest import BROKER_NAMESPACE, OperatorProcess, running_operator
 
 
 @dataclass
@@ -187,3 +190,32 @@ def snapshot(kubectl: Kubectl, namespace: str) -> tuple[Any, ...]:
         ),
         sorted((j["metadata"]["name"], json.dumps(j["spec"], sort_keys=True)) for j in jobs),
     )
+
+
+@pytest.fixture
+def standin_operator(
+    cluster: devcluster.ClusterState,
+    crds: None,
+    executing_emulator: HfEmulator,
+    tmp_path: Path,
+    namespace: str,
+) -> Iterator[OperatorProcess]:
+    """The operator, the gateway's registry (in this process) and the emulator's Hub, all on the stand-in."""
+    with standin_registry():
+        for repo in materialize_assets():  # builds the stand-in's repos once (cached by revision)
+            executing_emulator.repos.register(repo.ref.kind, repo.ref.repo_id, repo.ref.revision, repo.path)
+        images = json.dumps({"trl": "registry.example/posttrain-env-trl:test"})  # the emulator runs any image
+        with running_operator(
+            cluster, executing_emulator, tmp_path, namespace, POSTTRAIN_ENVIRONMENT_IMAGES=images, **SETTINGS
+        ) as op:
+            yield op
+
+
+@pytest.fixture
+def standin_gateway(
+    cluster: devcluster.ClusterState,
+    namespace: str,
+    standin_operator: OperatorProcess,
+    gateway_sa_token: Path,
+) -> Iterator[GatewayServer]:
+    yield from gateway_beside(standin_operator, cluster, namespace, gateway_sa_token)

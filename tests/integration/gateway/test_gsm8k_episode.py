@@ -6,55 +6,18 @@ Everything but the repo ids is the real task's."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from graders import tasks
-from graders.assets import materialize_assets
 from tests.conftest import Kubectl
-from tests.gsm8k_standin import SETTINGS, standin_registry
 from tests.helpers import kubectl_json
-from tests.integration.conftest import OperatorProcess, running_operator
-from tests.integration.gateway.conftest import GatewayServer, gateway_beside
+from tests.integration.gateway.conftest import GatewayServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 import scripted_sft_agent
-
-
-@pytest.fixture
-def standin_operator(
-    cluster: devcluster.ClusterState,
-    crds: None,
-    executing_emulator: HfEmulator,
-    tmp_path: Path,
-    namespace: str,
-) -> Iterator[OperatorProcess]:
-    """The operator, the gateway's registry (in this process) and the emulator's Hub, all on the stand-in."""
-    with standin_registry():
-        for repo in materialize_assets():  # builds the stand-in's repos once (cached by revision)
-            executing_emulator.repos.register(repo.ref.kind, repo.ref.repo_id, repo.ref.revision, repo.path)
-        images = json.dumps({"trl": "registry.example/posttrain-env-trl:test"})  # the emulator runs any image
-        with running_operator(
-            cluster, executing_emulator, tmp_path, namespace, POSTTRAIN_ENVIRONMENT_IMAGES=images, **SETTINGS
-        ) as op:
-            yield op
-
-
-@pytest.fixture
-def standin_gateway(
-    cluster: devcluster.ClusterState,
-    namespace: str,
-    standin_operator: OperatorProcess,
-    gateway_sa_token: Path,
-) -> Iterator[GatewayServer]:
-    yield from gateway_beside(standin_operator, cluster, namespace, gateway_sa_token)
 
 
 def test_the_scripted_agent_plays_the_stand_in_to_a_seed_mean_reward_with_its_interval(
@@ -80,6 +43,10 @@ def test_the_scripted_agent_plays_the_stand_in_to_a_seed_mean_reward_with_its_in
     assert low <= float(status["reward"]) <= high
     assert result.reward_interval == [status["rewardInterval"]["low"], status["rewardInterval"]["high"]]
     assert float(status["reward"]) > 0, "the fine-tuned stand-in answers some hidden questions"
+    # A clean episode: its SFT checkpoint descends from the base, and nothing of the hidden split was
+    # in its jobs' outputs.
+    assert result.integrity == "clean" and status["integrity"]["label"] == "clean", status.get("integrity")
+    assert not status["integrity"].get("findings") and not graded.get("findings")
 
     # The hidden split is mounted into the score job and into no other job (the emulator's records).
     hidden = tasks.get_task("gsm8k").hidden_split.repo_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -76,6 +77,34 @@ def test_the_log_copy_is_a_new_file_even_where_the_job_planted_a_link(launch: La
     job = launch(script, limits=Limits(max_log_file_bytes=1 << 20))
     assert job.returncode == 0, job.stderr
     assert target.read_text() == "untouched"
+
+
+def test_the_script_is_copied_into_the_outputs_as_the_launchers_read_only_file(
+    launch: Launch, job_root: Path, tmp_path: Path
+) -> None:
+    # The score job's evidence of what ran (graders/integrity/checks.py). A link planted where the
+    # copy goes is replaced, never written through.
+    target = tmp_path / "victim"
+    target.write_text("untouched")
+    target.chmod(0o666)
+    (job_root / "outputs").mkdir(exist_ok=True)
+    (job_root / "outputs" / "posttrain-script.py").symlink_to(target)
+    script = (
+        "import os\ncopy = os.path.join(os.environ['POSTTRAIN_OUTPUT_DIR'], 'posttrain-script.py')\n"
+        "try:\n    open(copy, 'a').write('# appended')\nexcept PermissionError:\n    print('read-only')\n"
+    )
+    job = launch(script)
+    assert job.returncode == 0 and job.stdout == "read-only\n", job.stderr
+    copy = job.output_dir / "posttrain-script.py"
+    assert not copy.is_symlink() and copy.read_text() == script
+    assert (copy.stat().st_uid, stat.S_IMODE(copy.stat().st_mode)) == (0, 0o444)
+    assert target.read_text() == "untouched"
+
+
+def test_a_grader_job_gets_no_script_copy(launch: Launch) -> None:
+    job = launch("print('graded')", role="grader")
+    assert job.returncode == 0, job.stderr
+    assert not (job.output_dir / "posttrain-script.py").exists()
 
 
 def test_outputs_past_the_total_cap_stop_the_job(launch: Launch) -> None:

@@ -52,7 +52,8 @@ def test_t0_artifact_episode_scores_one_when_right(
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
     job = _run_job(kubectl, namespace, "answer", "ep1", ARTIFACT_SCRIPT)
     assert job["status"]["phase"] == "Succeeded", json.dumps(job["status"])[:2000]
-    assert [a["path"] for a in job["status"]["artifacts"]] == ["answer.json", "posttrain-job.log"]
+    paths = [a["path"] for a in job["status"]["artifacts"]]
+    assert paths == ["answer.json", "posttrain-job.log", "posttrain-script.py"]
 
     check = agentjob_manifest("check", "ep1", purpose="devEval", script="", checkpointFrom="answer")
     apply(kubectl, namespace, check)
@@ -156,7 +157,7 @@ time.sleep(300)  # the launcher's scan stops it
 @pytest.mark.parametrize(
     ("script", "reason", "artifacts"),
     [
-        (FILE_PAST_CAP, "FileSizeCapExceeded", ["posttrain-job.log"]),
+        (FILE_PAST_CAP, "FileSizeCapExceeded", ["posttrain-job.log", "posttrain-script.py"]),
         (OUTPUTS_PAST_CAP, "OutputCapExceeded", []),
         (SCRATCH_PAST_CAP, "ScratchCapExceeded", []),
         # The trl task's 5 GiB of checkpoint state (below), written for real under t0's 2 GiB caps:

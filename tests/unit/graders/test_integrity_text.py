@@ -58,6 +58,27 @@ def test_item_copied_into_a_jsonl_line_with_escapes_is_found() -> None:
     assert report.findings[0].share == 1.0
 
 
+def test_an_item_of_fields_is_found_whatever_a_copy_puts_between_or_around_them() -> None:
+    answer = "She sold 48 / 2 = 24 clips in May, so 48 + 24 = 72 clips altogether. #### 72"
+    fields = HiddenIndex.build([(ITEM, answer)], ngram=8, min_item_tokens=3)
+    joined = HiddenIndex.build([f"{ITEM}\n{answer}"], ngram=8, min_item_tokens=3)
+    # A training record: a key between the fields, or the fields the other way round.
+    for record in ({"question": ITEM, "answer": answer}, {"answer": answer, "question": ITEM}):
+        line = json.dumps(record)
+        assert screen(fields, [("outputs:j/data.jsonl", line)], max_overlap=0.5).findings[0].share == 1.0
+        # Cut across the fields, the n-grams that span the key are lost.
+        assert screen(joined, [("outputs:j/data.jsonl", line)], max_overlap=0.5).max_share < 1.0
+    # A field shorter than the n-gram is matched whole; one too short to mean anything (an empty or
+    # one-word field) is joined with the next, and adds no n-gram of its own.
+    short_answer = "Ava packs 3 * 9 = 27 shells"
+    index = HiddenIndex.build([(ITEM, short_answer)], ngram=8, min_item_tokens=3)
+    assert index.lengths == (6, 8)
+    line = json.dumps({"question": ITEM, "answer": short_answer})
+    assert screen(index, [("outputs:j/data.jsonl", line)], max_overlap=0.5).findings[0].share == 1.0
+    short = HiddenIndex.build([("", "Q", ITEM)], ngram=8, min_item_tokens=3)
+    assert short.lengths == (8,)
+
+
 def test_one_copied_sentence_is_a_share_and_the_tolerance_decides() -> None:
     index = HiddenIndex.build([" ".join(WORDS)], ngram=8, min_item_tokens=3)
     copied = "Intro text. " + " ".join(WORDS[:20]) + " and then something else."

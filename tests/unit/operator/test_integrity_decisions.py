@@ -3,13 +3,20 @@ it, dev evaluations are counted and capped in the ledger's write, score jobs scr
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, EpisodeStatus, Ledger
-from posttrain_operator.jobspec import EVIDENCE_ROOT, InvalidJob, build_request, validate_against_task
+from posttrain_operator.jobspec import (
+    EVIDENCE_ROOT,
+    InvalidJob,
+    build_request,
+    script_sha256,
+    validate_against_task,
+)
 from posttrain_operator.reconcile.admission import reserve_in
 from posttrain_operator.reconcile.scoring import scoring_outcome
 
@@ -127,3 +134,23 @@ def test_each_dev_evaluation_of_a_sampling_task_gets_its_own_sample_seed() -> No
     score = _spec(purpose="score", checkpointFrom="final", flavor="h200")
     score_script = build_request(spec=score, task=GSM8K, namespace="ns", job_name="s", uid="u1")
     assert "--sample-seed" not in score_script.launcher_spec["script"]
+
+
+def test_a_score_job_is_told_the_hash_of_every_script_its_submission_was_built_by() -> None:
+    shas = [script_sha256(f"print({i})") for i in range(3)]
+    spec = _spec(purpose="score", checkpointFrom="final", evidenceFrom=["mid", "first"], evidenceScripts=shas)
+    validate_against_task(spec, ARITHMETIC, ["cpu-basic"], 3600)
+    script = build_request(spec=spec, task=ARITHMETIC, namespace="ns", job_name="s", uid="u").launcher_spec[
+        "script"
+    ]
+    for job, sha in zip(["final", "mid", "first"], shas, strict=True):
+        assert f"'--script', '{job}={sha}'" in script
+    # One hash per job, and for score jobs only.
+    short = _spec(purpose="score", checkpointFrom="final", evidenceFrom=["mid"], evidenceScripts=shas[:1])
+    with pytest.raises(InvalidJob, match="one sha256 for checkpointFrom"):
+        validate_against_task(short, ARITHMETIC, ["cpu-basic"], 3600)
+    forged = _spec(purpose="train", script="print(1)", evidenceScripts=shas[:1])
+    with pytest.raises(InvalidJob, match="evidenceScripts"):
+        validate_against_task(forged, ARITHMETIC, ["cpu-basic"], 3600)
+    # The hash is of the bytes the launcher writes (UTF-8).
+    assert script_sha256("é") == hashlib.sha256("é".encode()).hexdigest()
