@@ -52,7 +52,7 @@ def main() -> None:
         use_cpu=not gpu,
         bf16=gpu,
         max_length=512,
-        seed=0,
+        seed=int(os.environ.get("SFT_SEED", "0")),
     )
     trainer = trl.SFTTrainer(model=model, args=config, train_dataset=train, processing_class=tokenizer)
     result = trainer.train()

@@ -34,18 +34,22 @@ def integrity_findings(task: Task, inputs: GraderInputs) -> list[Finding]:
     return findings
 
 
-def identity_findings(policy: IdentityPolicy, inputs: GraderInputs) -> list[Finding]:
+def identity_report(policy: IdentityPolicy, inputs: GraderInputs) -> identity.IdentityReport:
     assert inputs.base_model is not None
     expected = base_tensor_shapes(inputs.base_model)
     with agent_bytes("the checkpoint cannot be read"):  # it graded, so this is not expected to fail
         tensors = read_checkpoint_tensors(inputs.checkpoint, expected)
-    report = identity.compare(
+    return identity.compare(
         inputs.base_model,
         tensors,
         min_cosine=policy.min_cosine,
         min_kept_share=policy.min_kept_share,
         min_relative_change=policy.min_relative_change,
     )
+
+
+def identity_findings(policy: IdentityPolicy, inputs: GraderInputs) -> list[Finding]:
+    report = identity_report(policy, inputs)
     if report.verdict == "descendant":
         return []
     action = policy.foreign_action if report.verdict == "foreign" else policy.unchanged_action
@@ -61,17 +65,7 @@ def identity_findings(policy: IdentityPolicy, inputs: GraderInputs) -> list[Find
 
 
 def contamination_findings(policy: ContaminationPolicy, inputs: GraderInputs) -> list[Finding]:
-    records = read_jsonl(inputs.split / DATASET_FILE)
-    items = [tuple(str(record.get(field, "")) for field in policy.fields) for record in records]
-    index = text.HiddenIndex.build(items, ngram=policy.ngram, min_item_tokens=policy.min_item_tokens)
-    scripts, unaccounted = script_sources(inputs)
-    roots = [("outputs:checkpoint", checkpoint_root(inputs.checkpoint))]
-    roots += [(f"outputs:{job}", path) for job, path in inputs.lineage]
-    files = text.text_files(
-        roots, max_file_bytes=MAX_SCREENED_FILE_BYTES, max_total_bytes=MAX_SCREENED_BYTES,
-        skip=frozenset({SCRIPT_COPY_NAME}),
-    )  # fmt: skip
-    report = text.screen(index, itertools.chain(scripts, files), max_overlap=policy.max_overlap)
+    report, unaccounted = contamination_report(policy, inputs)
     findings: list[Finding] = []
     if unaccounted:
         findings.append(
@@ -96,6 +90,25 @@ def contamination_findings(policy: ContaminationPolicy, inputs: GraderInputs) ->
             )
         )
     return findings
+
+
+def contamination_report(
+    policy: ContaminationPolicy, inputs: GraderInputs
+) -> tuple[text.ContaminationReport, list[str]]:
+    """The hidden split screened against the submission's scripts and its lineage's outputs; and the
+    jobs whose script could not be vouched for."""
+    records = read_jsonl(inputs.split / DATASET_FILE)
+    items = [tuple(str(record.get(field, "")) for field in policy.fields) for record in records]
+    index = text.HiddenIndex.build(items, ngram=policy.ngram, min_item_tokens=policy.min_item_tokens)
+    scripts, unaccounted = script_sources(inputs)
+    roots = [("outputs:checkpoint", checkpoint_root(inputs.checkpoint))]
+    roots += [(f"outputs:{job}", path) for job, path in inputs.lineage]
+    files = text.text_files(
+        roots, max_file_bytes=MAX_SCREENED_FILE_BYTES, max_total_bytes=MAX_SCREENED_BYTES,
+        skip=frozenset({SCRIPT_COPY_NAME}),
+    )  # fmt: skip
+    report = text.screen(index, itertools.chain(scripts, files), max_overlap=policy.max_overlap)
+    return report, unaccounted
 
 
 def script_sources(inputs: GraderInputs) -> tuple[list[tuple[str, str]], list[str]]:
