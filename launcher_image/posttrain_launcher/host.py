@@ -15,7 +15,7 @@ import sysconfig
 from collections.abc import Mapping
 
 from .sandbox import JOB_GID, JOB_UID
-from .spec import ROOT_ENV, SPEC_ENV, JobSpec
+from .spec import ROOT_ENV, JobSpec, spec_environment
 
 
 def launcher_command(python: str | None = None) -> list[str]:
@@ -31,7 +31,7 @@ def launcher_env(
     caller's environment is safe; pass a smaller `base` to be explicit.
     """
     env = dict(os.environ if base is None else base)
-    env[SPEC_ENV] = spec.to_json()
+    env.update(spec_environment(spec.to_json()))
     if root is not None:
         env[ROOT_ENV] = root
     else:

@@ -12,6 +12,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 SPEC_ENV = "POSTTRAIN_JOB_SPEC"
+PARTS_ENV = "POSTTRAIN_JOB_SPEC_PARTS"
+# One variable's value, in characters: at most 4 bytes each, under Linux's 128 KiB per variable.
+SPEC_PART_CHARS = 30_000
 ROOT_ENV = "POSTTRAIN_ROOT"
 
 MAX_SPEC_BYTES = 1024 * 1024
@@ -118,11 +121,33 @@ def parse_spec(text: str) -> JobSpec:
         raise SpecError(f"invalid job spec: {_summarise(exc)}") from None
 
 
+def spec_environment(text: str) -> dict[str, str]:
+    """The variables that carry a spec's JSON `text` to the launcher: POSTTRAIN_JOB_SPEC, or, for a
+    text past what one variable may hold (Linux refuses to exec with a variable over 128 KiB, and a
+    script alone may be 256 KiB), POSTTRAIN_JOB_SPEC_PARTS and POSTTRAIN_JOB_SPEC_<i>, in order."""
+    if len(text) <= SPEC_PART_CHARS:
+        return {SPEC_ENV: text}
+    parts = [text[start : start + SPEC_PART_CHARS] for start in range(0, len(text), SPEC_PART_CHARS)]
+    return {PARTS_ENV: str(len(parts)), **{f"{SPEC_ENV}_{index}": part for index, part in enumerate(parts)}}
+
+
 def load_spec(environ: Mapping[str, str]) -> JobSpec:
     text = environ.get(SPEC_ENV)
+    if not text and PARTS_ENV in environ:
+        text = _joined_parts(environ)
     if not text:
         raise SpecError(f"{SPEC_ENV} is not set")
     return parse_spec(text)
+
+
+def _joined_parts(environ: Mapping[str, str]) -> str:
+    count = environ[PARTS_ENV]
+    if not count.isdigit() or not 0 < int(count) <= MAX_SPEC_BYTES // SPEC_PART_CHARS + 1:
+        raise SpecError(f"{PARTS_ENV} is not a part count: {count[:20]!r}")
+    missing = [index for index in range(int(count)) if f"{SPEC_ENV}_{index}" not in environ]
+    if missing:
+        raise SpecError(f"{PARTS_ENV} is {count}, but {SPEC_ENV}_{missing[0]} is not set")
+    return "".join(environ[f"{SPEC_ENV}_{index}"] for index in range(int(count)))
 
 
 def _summarise(exc: ValidationError) -> str:

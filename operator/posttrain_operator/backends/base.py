@@ -6,10 +6,13 @@ their own API and report back in `RemoteStatus`. Every method is async and never
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from posttrain_launcher.spec import spec_environment
 
 RemoteStage = Literal["pending", "running", "succeeded", "failed", "cancelled", "lost"]
 TERMINAL_STAGES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
@@ -73,6 +76,12 @@ class JobRequest:
     scratch_bytes: int | None = None  # HOME and TMPDIR in all, where the backend bounds them
     image: str | None = None  # the task's environment image; None: the backend's launcher image
     environment: str | None = None  # that image's name (what it holds: backends/image_packages.py)
+
+
+def launcher_env(request: JobRequest) -> dict[str, str]:
+    """The variables that carry the job's spec to its launcher (one, or its parts past 128 KiB: a script
+    may be 256 KiB). The agent's own script and packages: never a credential."""
+    return spec_environment(json.dumps(request.launcher_spec, separators=(",", ":")))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import random
 import tempfile
 import time
@@ -36,6 +35,7 @@ from posttrain_operator.backends.base import (
     PackagePin,
     RemoteStatus,
     UnknownFlavor,
+    launcher_env,
     status_label,
 )
 from posttrain_operator.backends.hf_replies import (
@@ -253,9 +253,8 @@ class HfJobsBackend:
             EPISODE_LABEL: label_value(f"{request.namespace}-{request.episode}"),
             MANAGED_LABEL: label_value(self.config.instance),
         }
-        # The spec travels in the environment; it is the agent's own script and packages, never a
-        # credential. `secrets` stays empty: jobs get no token of any kind.
-        env = {"POSTTRAIN_JOB_SPEC": json.dumps(request.launcher_spec, separators=(",", ":"))}
+        # The spec travels in the environment. `secrets` stays empty: jobs get no token of any kind.
+        env = launcher_env(request)
         if wheels is not None:
             env |= install_env()
         info = await self._call(

@@ -101,6 +101,16 @@ def test_the_script_is_copied_into_the_outputs_as_the_launchers_read_only_file(
     assert target.read_text() == "untouched"
 
 
+def test_a_script_of_the_largest_size_allowed_runs_whole(launch: Launch) -> None:
+    # Past the 128 KiB one environment variable may hold: the spec comes in parts (spec.py).
+    filler = "# " + "é" * 40 + "\n"
+    script = filler * (250 * 1024 // len(filler.encode())) + "print('ran', len(open(__file__).read()))\n"
+    job = launch(script)
+    assert job.returncode == 0, job.stderr
+    assert job.stdout == f"ran {len(script)}\n"
+    assert (job.output_dir / "posttrain-script.py").read_text() == script
+
+
 def test_a_grader_job_gets_no_script_copy(launch: Launch) -> None:
     job = launch("print('graded')", role="grader")
     assert job.returncode == 0, job.stderr

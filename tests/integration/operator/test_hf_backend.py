@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi
+from posttrain_operator.api.models import MAX_SCRIPT_BYTES
 from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, PackagePin, UnknownFlavor
 from posttrain_operator.backends.hf_jobs import KEY_LABEL, HfJobsBackend, HfJobsConfig, install_client_timeout
 
@@ -113,6 +114,21 @@ async def test_submit_find_status_logs_and_artifacts(
     assert lines, "the launcher's log lines are served"
     # The job ran under the launcher with an output dir: whatever it wrote is readable, bounded.
     assert isinstance(await backend.artifacts(handle.output_prefix), list)
+
+
+async def test_a_script_of_the_largest_size_allowed_runs(
+    backend: HfJobsBackend, backend_emulator: HfEmulator
+) -> None:
+    # 250 KiB of script, past the 128 KiB Linux allows one environment variable: the spec travels in
+    # parts, and the job runs the script whole.
+    filler = "# " + "é" * 40 + "\n"
+    script = filler * (250 * 1024 // len(filler.encode())) + "print('ran', len(open(__file__).read()))\n"
+    assert 200 * 1024 < len(script.encode()) <= MAX_SCRIPT_BYTES
+    handle = await backend.submit(_request("k-large", script=script))
+    backend_emulator.wait_for_stage(handle.backend_job_id, ("COMPLETED", "ERROR"), timeout=120)
+    status = (await backend.status_many([handle]))[handle.backend_job_id]
+    assert status.stage == "succeeded", status.message
+    assert f"ran {len(script)}" in "\n".join(await backend.logs(handle, tail=20))
 
 
 async def test_the_exit_code_is_the_one_the_platform_reports(

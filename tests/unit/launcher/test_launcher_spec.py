@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from posttrain_launcher.spec import (
     MAX_SCRIPT_BYTES,
+    PARTS_ENV,
+    SPEC_ENV,
     JobSpec,
     Limits,
     SpecError,
@@ -15,6 +17,7 @@ from posttrain_launcher.spec import (
     input_env_name,
     load_spec,
     parse_spec,
+    spec_environment,
 )
 
 
@@ -96,3 +99,36 @@ def test_paths_live_under_posttrain_root() -> None:
     assert host_path("/", "/outputs") == "/outputs"
     assert host_path("/srv/job1", "/inputs/model") == "/srv/job1/inputs/model"
     assert input_env_name("train_2") == "POSTTRAIN_INPUT_TRAIN_2"
+
+
+def test_a_spec_past_what_one_variable_may_hold_travels_in_parts() -> None:
+    script = ("# " + "é" * 60 + "\n") * 2000  # 246 KB of UTF-8; JSON escapes make it more
+    spec = JobSpec(role="agent", script=script, inputs={}, output_dir="/outputs")
+    env = spec_environment(spec.to_json())
+    assert SPEC_ENV not in env and int(env[PARTS_ENV]) == len(env) - 1 > 1
+    # Linux refuses to exec with a variable (NAME=value) over 128 KiB.
+    assert all(len(f"{name}={value}".encode()) < 128 * 1024 for name, value in env.items())
+    assert load_spec(env) == spec
+    small = spec_environment(JobSpec(role="agent", script="print(1)", inputs={}, output_dir="/o").to_json())
+    assert list(small) == [SPEC_ENV]
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"POSTTRAIN_JOB_SPEC_1": None}, "POSTTRAIN_JOB_SPEC_1 is not set"),
+        ({PARTS_ENV: "x"}, "is not a part count"),
+        ({PARTS_ENV: "0"}, "is not a part count"),
+        ({PARTS_ENV: "100000"}, "is not a part count"),
+        ({"POSTTRAIN_JOB_SPEC_0": "{"}, "not valid JSON"),
+    ],
+)
+def test_parts_that_do_not_make_a_spec_are_refused(change: dict[str, str | None], error: str) -> None:
+    env = spec_environment(JobSpec(role="agent", script="#" * 100_000, inputs={}, output_dir="/o").to_json())
+    for name, value in change.items():
+        if value is None:
+            env.pop(name)
+        else:
+            env[name] = value
+    with pytest.raises(SpecError, match=error):
+        load_spec(env)

@@ -219,6 +219,14 @@ def test_pod_env_holds_the_job_spec_the_flavor_and_nothing_secret() -> None:
         "POSTTRAIN_NODE_IP",
     }
     assert env["POSTTRAIN_JOB_SPEC"] == '{"version":1,"role":"agent","script":"print(1)"}'
+    # A spec past what one variable may hold (a 250 KiB script) comes in parts the launcher joins.
+    large = {"version": 1, "role": "agent", "script": "#" * (250 * 1024)}
+    parted = {
+        e["name"]: e.get("value") for e in _container(pod_body(CONFIG, _request(launcher_spec=large)))["env"]
+    }
+    count = int(parted["POSTTRAIN_JOB_SPEC_PARTS"])
+    assert "POSTTRAIN_JOB_SPEC" not in parted and count > 1
+    assert json.loads("".join(str(parted[f"POSTTRAIN_JOB_SPEC_{i}"]) for i in range(count))) == large
     assert env["POSTTRAIN_MEMORY_CGROUP"] == "job"  # the container's cgroup holds this job alone
     # The launcher's process and memory bounds come from the container's own limits.
     refs = {

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from posttrain_operator.backends.base import JobRequest, UnknownFlavor
+from posttrain_operator.backends.base import JobRequest, UnknownFlavor, launcher_env
 from posttrain_operator.backends.pods.config import Flavor, PodsConfig
 from posttrain_operator.backends.pods.names import (
     CONTAINER,
@@ -286,9 +286,8 @@ def _container(
         "image": request.image or config.image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-m", "posttrain_launcher"],
-        # The agent's own script and packages, never a credential.
         "env": [
-            {"name": "POSTTRAIN_JOB_SPEC", "value": json.dumps(request.launcher_spec, separators=(",", ":"))},
+            *({"name": name, "value": value} for name, value in launcher_env(request).items()),
             {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
             # The flavor, as HF Jobs states it; the launcher derives its rlimits from it.
             _resource_env("MEMORY", "limits.memory"),
