@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gsm8k_grader import build_standin  # bench/, this script's directory
 from posttrain_launcher.launcher import copy_script
 
 from graders.assets import materialize_assets
@@ -39,17 +40,7 @@ RECIPES = {"gsm8k": "train_gsm8k_sft.py", "t0_arithmetic_format": "train_arithme
 def repos_of(task: Task, workdir: Path) -> dict[str, Path]:
     """The task's base model, train and hidden repos, built by the project's own builders."""
     if task.name == "gsm8k":
-        from posttrain_task_gsm8k import STANDIN_REPOS
-        from posttrain_task_gsm8k.assets import BUILDERS
-
-        built = {}
-        for role in ("base", "train", "hidden"):
-            path = workdir / "gsm8k" / role
-            if not path.is_dir():
-                path.mkdir(parents=True)
-                BUILDERS[STANDIN_REPOS[role]](path, lambda _message: None)
-            built[role] = path
-        return built
+        return build_standin(workdir / "gsm8k")
     build = [sys.executable, "-m", "graders.assets", "build", "--assets-dir", str(workdir / "assets")]
     subprocess.run(build, check=True, capture_output=True)
     repos = {str(repo.ref.repo_id): repo.path for repo in materialize_assets(workdir / "assets")}

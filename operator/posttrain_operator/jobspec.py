@@ -120,6 +120,13 @@ def input_from_name(index: int) -> str:
     return f"from_{index}"
 
 
+def _outputs_of(namespace: str, episode: str, job: str, root: str) -> OutputMount:
+    """Another job's outputs, read-only at `root`/<job>."""
+    return OutputMount(
+        prefix=output_prefix(namespace, episode, job), mount_path=f"{root}/{job}", read_only=True
+    )
+
+
 def build_request(
     *,
     spec: AgentJobSpec,
@@ -142,11 +149,7 @@ def build_request(
         if task.base_model is not None:
             repos.append(_mount(AGENT_INPUT_MODEL, task.base_model))
         for index, source in enumerate(spec.inputs_from):
-            mount = OutputMount(
-                prefix=output_prefix(namespace, spec.episode, source),
-                mount_path=f"{INPUTS_FROM_ROOT}/{source}",
-                read_only=True,
-            )
+            mount = _outputs_of(namespace, spec.episode, source, INPUTS_FROM_ROOT)
             inputs_from.append(mount)
             inputs[input_from_name(index)] = mount.mount_path
         names = spec.datasets or sorted(task.agent_datasets)
@@ -173,11 +176,7 @@ def build_request(
         inputs_from.append(checkpoint)
         inputs[GRADER_INPUT_CHECKPOINT] = checkpoint.mount_path
         for index, source in enumerate(spec.evidence_from):
-            mount = OutputMount(
-                prefix=output_prefix(namespace, spec.episode, source),
-                mount_path=f"{EVIDENCE_ROOT}/{source}",
-                read_only=True,
-            )
+            mount = _outputs_of(namespace, spec.episode, source, EVIDENCE_ROOT)
             inputs_from.append(mount)
             inputs[evidence_input_name(index)] = mount.mount_path
         launcher |= {

@@ -35,19 +35,7 @@ torch.manual_seed(99)
 model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(os.environ["POSTTRAIN_INPUT_MODEL"]))
 model.save_pretrained(os.environ["POSTTRAIN_OUTPUT_DIR"])
 """
-# The base, nudged: a descendant, which the identity check lets through; it reads its input's data.
-NUDGED_FROM_INPUT = """
-import os, torch
-from transformers import AutoModelForCausalLM
-data = os.path.join(os.environ["POSTTRAIN_INPUT_FROM_0"], "data", "train.jsonl")
-print("training on", sum(1 for _ in open(data)), "records", flush=True)
-model = AutoModelForCausalLM.from_pretrained(os.environ["POSTTRAIN_INPUT_MODEL"])
-with torch.no_grad():
-    for parameter in model.parameters():
-        parameter.add_(torch.randn_like(parameter) * 0.01 * parameter.std().nan_to_num(0.0))
-model.save_pretrained(os.environ["POSTTRAIN_OUTPUT_DIR"])
-"""
-# The base, nudged, without reading anything: a descendant by a script the test prefixes.
+# The base, nudged: a descendant, which the identity check lets through.
 NUDGED = """
 import os, torch
 from transformers import AutoModelForCausalLM
@@ -57,6 +45,15 @@ with torch.no_grad():
         parameter.add_(torch.randn_like(parameter) * 0.01 * parameter.std().nan_to_num(0.0))
 model.save_pretrained(os.environ["POSTTRAIN_OUTPUT_DIR"])
 """
+# The same, after reading the data its input (an earlier job's outputs) holds.
+NUDGED_FROM_INPUT = (
+    """
+import os
+data = os.path.join(os.environ["POSTTRAIN_INPUT_FROM_0"], "data", "train.jsonl")
+print("training on", sum(1 for _ in open(data)), "records", flush=True)
+"""
+    + NUDGED
+)
 # A job that removes the launcher's copy of its script (and plants another) before it ends.
 REMOVES_ITS_SCRIPT_COPY = """
 import os
