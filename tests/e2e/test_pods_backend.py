@@ -480,10 +480,13 @@ def test_output_cap_deadline_and_memory_stop_the_job_charged_only_what_it_used(
     assert memory["billedSeconds"] < 120
     ledger = release.json("get", "episode", episode)["status"]["ledger"]
     assert ledger["settledMicroUSD"] == sum(s["settledMicroUSD"] for s in statuses.values())
-    # Nothing of the capped job is left to publish; the others left only their logs.
+    # Nothing of the capped job is left to publish; the others left only the launcher's files (the log
+    # and the copy of the script).
     outputs = release.cluster.store_dir / "outputs" / release.namespace / episode  # type: ignore[operator]
     assert sorted(p.relative_to(outputs).as_posix() for p in outputs.rglob("*") if p.is_file()) == sorted(
-        f"{names[label]}/posttrain-job.log" for label in ("deadline", "memory")
+        f"{names[label]}/{name}"
+        for label in ("deadline", "memory")
+        for name in ("posttrain-job.log", "posttrain-script.py")
     )
     assert statuses["output-cap"]["reason"] == "OutputCapExceeded"
 
