@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from posttrain_launcher.spec import spec_environment
-
 RemoteStage = Literal["pending", "running", "succeeded", "failed", "cancelled", "lost"]
 TERMINAL_STAGES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
 
@@ -78,10 +76,21 @@ class JobRequest:
     environment: str | None = None  # that image's name (what it holds: backends/image_packages.py)
 
 
+# The variables the launcher reads its spec from: one, or parts past what one variable may hold (Linux
+# refuses to exec with a variable over 128 KiB; a script may be 256 KiB). The launcher's
+# `posttrain_launcher.spec` joins them; the operator's image does not hold the launcher, so the
+# format is written here too, and a unit test holds the two to each other.
+SPEC_ENV = "POSTTRAIN_JOB_SPEC"
+SPEC_PART_CHARS = 30_000
+
+
 def launcher_env(request: JobRequest) -> dict[str, str]:
-    """The variables that carry the job's spec to its launcher (one, or its parts past 128 KiB: a script
-    may be 256 KiB). The agent's own script and packages: never a credential."""
-    return spec_environment(json.dumps(request.launcher_spec, separators=(",", ":")))
+    """The job's spec for its launcher: the agent's own script and packages, never a credential."""
+    text = json.dumps(request.launcher_spec, separators=(",", ":"))
+    if len(text) <= SPEC_PART_CHARS:
+        return {SPEC_ENV: text}
+    parts = [text[start : start + SPEC_PART_CHARS] for start in range(0, len(text), SPEC_PART_CHARS)]
+    return {f"{SPEC_ENV}_PARTS": str(len(parts)), **{f"{SPEC_ENV}_{i}": part for i, part in enumerate(parts)}}
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,16 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
+from posttrain_launcher.spec import load_spec, spec_environment
 from posttrain_operator.api.models import AgentJobSpec
-from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, RepoMount, UnknownFlavor
+from posttrain_operator.backends.base import (
+    BackendError,
+    JobRequest,
+    OutputMount,
+    RepoMount,
+    UnknownFlavor,
+    launcher_env,
+)
 from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
 from posttrain_operator.backends.pods.manifests import (
     is_default_deny,
@@ -603,3 +611,12 @@ def test_the_launchers_egress_report_is_read_from_the_termination_message() -> N
         _pod("Failed", {"terminated": {"exitCode": 1, "startedAt": started, "finishedAt": finished}})
     )
     assert plain.egress_verified is None
+
+
+@pytest.mark.parametrize("script", ["print(1)", "#" * (250 * 1024), ("# " + "é" * 60 + "\n") * 2000])
+def test_the_operator_writes_the_spec_variables_as_the_launcher_reads_them(script: str) -> None:
+    # Two images: the operator's writes them (backends/base.py), the launcher's joins them (spec.py).
+    request = _request(launcher_spec={"version": 1, "role": "agent", "script": script, "output_dir": "/o"})
+    text = json.dumps(request.launcher_spec, separators=(",", ":"))
+    assert launcher_env(request) == spec_environment(text)
+    assert load_spec(launcher_env(request)).script == script
