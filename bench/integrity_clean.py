@@ -14,7 +14,6 @@ out: `bench/gsm8k_grader.py` and `bench/sft_recipe.py` measure it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from gsm8k_grader import build_standin  # bench/, this script's directory
 from posttrain_launcher.launcher import copy_script
+from posttrain_operator.jobspec import script_sha256
 
 from graders.assets import materialize_assets
 from graders.inputs import GraderInputs
@@ -76,7 +76,7 @@ def run_one(task: Task, repos: dict[str, Path], seed: int, workdir: Path) -> tup
         checkpoint=outputs / "checkpoint",
         split=repos["hidden"],
         base_model=repos["base"],
-        scripts=((f"{task.name}-s{seed}", hashlib.sha256(script.encode()).hexdigest()),),
+        scripts=((f"{task.name}-s{seed}", script_sha256(script)),),
     )
     started = time.monotonic()
     findings = integrity_findings(task, inputs)
