@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gsm8k_grader import build_standin  # bench/, this script's directory
 from posttrain_launcher.launcher import copy_script
-from posttrain_operator.jobspec import script_sha256
+from posttrain_operator.api.provenance import script_sha256
 
 from graders.assets import materialize_assets
 from graders.inputs import GraderInputs

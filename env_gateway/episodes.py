@@ -8,6 +8,7 @@ wall-time limits and the durable step count all happen in `Episodes.call_tool`.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any
 
 from posttrain_operator.api.models import API_VERSION, EpisodeSpec
 from posttrain_operator.api.money import USD_PATTERN
-from posttrain_operator.api.rules import now_utc, token_hash
+from posttrain_operator.api.rules import episode_owner, format_time, now_utc, token_hash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from env_gateway.auth import Authenticator
@@ -26,12 +27,14 @@ from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeRef, EpisodeView
 from env_gateway.kube import Kube, Refused, Unavailable
 from env_gateway.metrics import GatewayMetrics
+from env_gateway.provenance import ProvenanceLog, tool_call
 from env_gateway.schemas import Outcome, ToolFailure
 from env_gateway.steps import CallRefused, StepCounter, StepLimitReached
 from env_gateway.tools import CREATED_BY, CREATED_BY_LABEL, TOOLS, ToolContext
 from env_gateway.wire import UNAVAILABLE_CODE
 from graders.tasks import Task, UnknownTaskError, get_task
 
+log = logging.getLogger(__name__)
 # Tools whose result cannot change the Episode: the observation reuses the body the step wrote.
 READ_ONLY = {name for name, spec in TOOLS.items() if spec.read_only and name != "jobs_wait"}
 
@@ -76,6 +79,7 @@ class Episodes:
         self.auth = auth
         self.clock = clock
         self.metrics = metrics or GatewayMetrics(frozenset(TOOLS))
+        self.provenance = ProvenanceLog(kube.append_provenance, kube.list_provenance)
         self.steps = StepCounter(
             kube.read_episode,
             kube.set_steps,
@@ -97,16 +101,42 @@ class Episodes:
         """Every tool call on every path, on the caller's episode (as just read): arguments, phase,
         step limit, wall time, a durable step count, then the tool. Every failure becomes an Outcome."""
         started = time.monotonic()
+        counted: list[EpisodeView] = []
         try:
-            outcome = await self._call_tool(episode, name, arguments)
+            outcome = await self._call_tool(episode, name, arguments, counted)
         except Unavailable:  # the transports answer it as retryable; no step was counted for it
             self.metrics.called(name, UNAVAILABLE_CODE, time.monotonic() - started)
             raise
         code = outcome.error.code if outcome.error is not None else None
+        if counted:
+            await self._record(counted[-1], name, arguments, code, outcome.result)
         self.metrics.called(name, code, time.monotonic() - started)
         return outcome
 
-    async def _call_tool(self, episode: EpisodeView, name: str, arguments: Any) -> Outcome:
+    async def _record(
+        self, episode: EpisodeView, name: str, arguments: Any, code: str | None, result: dict[str, Any] | None
+    ) -> None:
+        """A counted call into the Episode's provenance; a failed write is retried in the background."""
+        job = (result or {}).get("job")
+        call = tool_call(
+            name,
+            arguments,
+            code or "ok",
+            episode.status.ledger.settled_micro_usd,
+            format_time(self.clock()),
+            job.get("name") if isinstance(job, dict) and isinstance(job.get("name"), str) else None,
+        )
+        try:
+            await self.provenance.record(episode.namespace, episode.name, episode_owner(episode.body), call)
+        except Exception as exc:
+            log.warning(
+                "episode %s/%s: a %s call is not recorded yet: %s", episode.namespace, episode.name, name, exc
+            )
+
+    async def _call_tool(
+        self, episode: EpisodeView, name: str, arguments: Any, counted: list[EpisodeView]
+    ) -> Outcome:
+        """`counted` gets the Episode once the call's step is counted, and again as the call left it."""
         try:
             spec = TOOLS.get(name)
             if spec is None:
@@ -130,6 +160,7 @@ class Episodes:
                 episode = EpisodeView.parse(exc.body)
                 raise exc.reason from None
             episode = EpisodeView.parse(written)
+            counted.append(episode)
             try:
                 result = await spec.run(ToolContext(self.kube, self.broker, self.settings, episode), args)
             except Unavailable as exc:
@@ -141,14 +172,18 @@ class Episodes:
                         "taken effect: look (jobs_status, task_info) before calling it again",
                     ) from exc
                 self.steps.give_back(episode.namespace, episode.name, written)
+                counted.clear()
                 raise
             if name not in READ_ONLY:  # what the tool changed, from the API server if it wrote
                 episode = await self._after(episode, fresh=not spec.read_only)
             payload = result if isinstance(result, dict) else result.model_dump(mode="json")
+            counted.append(episode)
             return self._outcome(episode, name, result=payload)
         except ToolFailure as failure:
             if failure.code == "episode_done" and not episode.done:  # it ended while the tool ran
                 episode = await self._after(episode, fresh=True)
+            if counted:
+                counted.append(episode)
             return self._outcome(episode, name, error=failure)
 
     async def _after(self, episode: EpisodeView, *, fresh: bool) -> EpisodeView:

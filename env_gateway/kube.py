@@ -371,6 +371,25 @@ class Kube:
             raise
         return self._keep(namespace, plural, created)
 
+    async def append_provenance(self, namespace: str, body: Obj) -> bool:
+        """Create a ProvenanceRecord; False when its name is taken (another writer got there first)."""
+        try:
+            await self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "provenancerecords", body
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    async def list_provenance(self, namespace: str, episode: str) -> list[Obj]:
+        found = await self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, "provenancerecords", field_selector=f"spec.episode={episode}"
+        )
+        items: list[Obj] = found["items"]
+        return items
+
     async def _patch_episode(
         self, namespace: str, name: str, body: Any, content_type: str, *, status: bool
     ) -> Obj:

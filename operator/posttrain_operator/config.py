@@ -74,6 +74,10 @@ class OperatorSettings(BaseSettings):
     hf_staging_dir: str | None = None  # where those wheels are downloaded first (default: the temp dir)
     max_package_bytes: int = Field(default=1 << 30, gt=0)  # one job's wheels, on either backend
 
+    def launcher_image(self, backend: str) -> str:
+        """The image a job without an environment image runs in on `backend`."""
+        return self.hf_image if backend == "hf-jobs" else self.pods_image
+
     @property
     def submission_window_seconds(self) -> float:
         """How long a submission request may stay in flight: the HTTP timeout plus a margin."""
@@ -143,6 +147,8 @@ class OperatorSettings(BaseSettings):
 
     poll_interval_seconds: float = Field(default=10.0, gt=0)
     episode_tick_seconds: float = Field(default=2.0, gt=0)
+    # How long after an Episode ends its provenance summary waits for the gateway's last tool calls.
+    provenance_grace_seconds: float = Field(default=60.0, ge=0)
     orphan_retry_initial_seconds: float = Field(default=5.0, gt=0)
     orphan_retry_max_seconds: float = Field(default=300.0, gt=0)
     # Beyond a job's timeout, how long the operator waits for the backend before cancelling itself.

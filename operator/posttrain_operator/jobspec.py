@@ -105,11 +105,6 @@ def validate_against_task(spec: AgentJobSpec, task: Task, flavors: list[str], ma
             )
 
 
-def script_sha256(script: str) -> str:
-    """What a score job expects of the launcher's copy of a job's script (the same bytes it writes)."""
-    return hashlib.sha256(script.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def sample_seed(uid: str) -> int:
     """A dev evaluation's subsample seed: fresh for every job, the same for every attempt at one."""
     return int.from_bytes(hashlib.sha256(uid.encode()).digest()[:4], "big")

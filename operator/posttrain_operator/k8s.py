@@ -224,6 +224,26 @@ class Kube:
             return existing
         return created
 
+    async def append_provenance(self, namespace: str, body: dict[str, Any]) -> bool:
+        """Create a ProvenanceRecord; False when one of that name is there already (this record,
+        written before a crash: its name is the job's or the submission's)."""
+        try:
+            await self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "provenancerecords", body
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    async def list_provenance(self, namespace: str, episode: str) -> list[dict[str, Any]]:
+        result = await self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, "provenancerecords", field_selector=f"spec.episode={episode}"
+        )
+        items: list[dict[str, Any]] = result["items"]
+        return items
+
     async def ensure_secret(self, namespace: str, body: dict[str, Any]) -> bool:
         """Create a Secret unless one of that name exists; True if this call created it."""
         try:

@@ -136,6 +136,11 @@ in each watched namespace.
 - apiGroups: ["posttrain.dev"]
   resources: ["agentjobs"]
   verbs: ["create"]
+# Application: each terminal job and the submission, appended to the Episode's provenance (never
+# changed or deleted: the Episode's ownerReference deletes them); list sums them up at the end.
+- apiGroups: ["posttrain.dev"]
+  resources: ["provenancerecords"]
+  verbs: ["list", "create"]
 # Application: the ledger is a compare-and-swap (replace) of Episode status; job status is patched.
 - apiGroups: ["posttrain.dev"]
   resources: ["episodes/status"]

@@ -24,6 +24,7 @@ from posttrain_operator.api.models import (
     EpisodeSpec,
     EpisodeStatus,
 )
+from posttrain_operator.api.provenance import ProvenanceSpec
 
 _DROPPED_KEYS = {"title", "default", "additionalProperties", "$defs"}
 
@@ -111,6 +112,15 @@ AGENTJOB_SPEC_RULES = [
     },
 ]
 JUDGEFINDING_SPEC_RULES = [{"rule": "self == oldSelf", "message": "JudgeFinding spec is immutable"}]
+PROVENANCE_SPEC_RULES = [
+    {"rule": "self == oldSelf", "message": "a ProvenanceRecord is append-only: its spec never changes"},
+    {
+        "rule": "self.writer == 'gateway' ? (has(self.toolCalls) && size(self.toolCalls) > 0 && "
+        "!has(self.job) && !has(self.submission)) : ((!has(self.toolCalls) || size(self.toolCalls) == 0) "
+        "&& has(self.job) != has(self.submission))",
+        "message": "a gateway record holds tool calls only; an operator record one job or the submission",
+    },
+]
 # Rules over the whole object (they see metadata.name).
 AGENTJOB_RULES = [
     {
@@ -125,7 +135,7 @@ def _crd(
     plural: str,
     short_names: list[str],
     spec: type[BaseModel],
-    status: type[BaseModel],
+    status: type[BaseModel] | None,
     rules: list[dict[str, str]],
     columns: list[dict[str, Any]],
     description: str,
@@ -135,19 +145,20 @@ def _crd(
     spec_schema = schema_of(spec)
     spec_schema["x-kubernetes-validations"] = rules
     spec_schema["description"] = f"{kind}Spec is the desired state, set by its creator."
-    status_schema = schema_of(status)
-    status_schema["description"] = f"{kind}Status is the observed state, written by the operator."
+    properties: dict[str, Any] = {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": {"type": "object"},
+        "spec": spec_schema,
+    }
+    if status is not None:
+        properties["status"] = schema_of(status)
+        properties["status"]["description"] = f"{kind}Status is the observed state, written by the operator."
     schema: dict[str, Any] = {
         "type": "object",
         "description": description,
         "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
-            "spec": spec_schema,
-            "status": status_schema,
-        },
+        "properties": properties,
     }
     if object_rules:
         schema["x-kubernetes-validations"] = object_rules
@@ -166,22 +177,19 @@ def _crd(
                 "shortNames": short_names,
                 "categories": ["posttrain"],
             },
-            "versions": [_version(schema, columns, selectable)],
+            "versions": [_version(schema, columns, selectable, status=status is not None)],
         },
     }
 
 
 def _version(
-    schema: dict[str, Any], columns: list[dict[str, Any]], selectable: tuple[str, ...]
+    schema: dict[str, Any], columns: list[dict[str, Any]], selectable: tuple[str, ...], *, status: bool
 ) -> dict[str, Any]:
-    """The one served and stored version, with its status subresource."""
-    version: dict[str, Any] = {
-        "name": VERSION,
-        "served": True,
-        "storage": True,
-        "subresources": {"status": {}},
-        "additionalPrinterColumns": columns,
-    }
+    """The one served and stored version, with its status subresource where the kind has a status."""
+    version: dict[str, Any] = {"name": VERSION, "served": True, "storage": True}
+    if status:
+        version["subresources"] = {"status": {}}
+    version["additionalPrinterColumns"] = columns
     if selectable:
         version["selectableFields"] = [{"jsonPath": path} for path in selectable]
     version["schema"] = {"openAPIV3Schema": schema}
@@ -256,10 +264,29 @@ def render() -> dict[str, dict[str, Any]]:
         ],
         "JudgeFinding is a judge's finding on an ended Episode, appended to its status.integrity.",
     )
+    provenance = _crd(
+        "ProvenanceRecord",
+        "provenancerecords",
+        ["prov"],
+        ProvenanceSpec,
+        None,
+        PROVENANCE_SPEC_RULES,
+        [
+            _col("Episode", ".spec.episode"),
+            _col("Writer", ".spec.writer"),
+            _col("Sequence", ".spec.sequence", "integer"),
+            _col("Job", ".spec.job.job", priority=1),
+            age,
+        ],
+        "ProvenanceRecord is part of an Episode's append-only record of its tool calls, jobs and "
+        "submission (format posttrain.dev/provenance/v1).",
+        selectable=(".spec.episode",),
+    )
     return {
         f"{GROUP}_episodes.yaml": episode,
         f"{GROUP}_agentjobs.yaml": agentjob,
         f"{GROUP}_judgefindings.yaml": judgefinding,
+        f"{GROUP}_provenancerecords.yaml": provenance,
     }
 
 

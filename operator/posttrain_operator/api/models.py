@@ -237,6 +237,17 @@ class IntegrityFinding(ApiModel):
     )
 
 
+class ProvenanceSummary(ApiModel):
+    format: str = Field(max_length=64, description="format is the records' format (docs/provenance.md).")
+    tool_calls: int = Field(ge=0, description="toolCalls counts the tool calls recorded.")
+    jobs: int = Field(ge=0, description="jobs counts the AgentJobs recorded.")
+    billed_seconds: int = Field(ge=0, description="billedSeconds sums the recorded jobs' billed run time.")
+    submission: bool = Field(description="submission: the submission's lineage is recorded.")
+    chain: str = Field(
+        max_length=256, description="chain is intact, or what is wrong with the tool-call records' chain."
+    )
+
+
 class Integrity(ApiModel):
     label: IntegrityLabel = Field(
         description="label is clean (no finding), flagged (findings recorded) or violation (reward withheld)."
@@ -261,6 +272,10 @@ class EpisodeStatus(ApiModel):
     )
     integrity: Integrity | None = Field(
         default=None, description="integrity is the reward's label and the findings behind it, once scored."
+    )
+    provenance: ProvenanceSummary | None = Field(
+        default=None,
+        description="provenance summarises the Episode's ProvenanceRecords as they were when it ended.",
     )
     dev_evaluations: int = Field(
         default=0,
@@ -370,6 +385,12 @@ class Artifact(ApiModel):
     size: int = Field(ge=0, description="size is in bytes.")
 
 
+class MountedRepo(ApiModel):
+    mount: str = Field(max_length=64, description="mount is the input's name in the job.")
+    repo: str = Field(max_length=200, description="repo is the Hub repo id.")
+    revision: str = Field(max_length=200, description="revision is the revision mounted.")
+
+
 class InstalledPackage(ApiModel):
     name: str = Field(max_length=128, description="name is the project's name (PEP 503).")
     version: str = Field(max_length=64, description="version is the wheel's, as installed.")
@@ -464,6 +485,13 @@ class AgentJobStatus(ApiModel):
         description="packages are the wheels installed for spec.packages, their dependencies included, "
         "pinned by sha256; recorded at submission where the backend resolves them (pods).",
     )
+    image: str | None = Field(
+        default=None, max_length=512, description="image is the image the backend was asked to run it in."
+    )
+    mounts: list[MountedRepo] = Field(
+        default_factory=list, max_length=MAX_DATASETS + 3,
+        description="mounts are the Hub repos it reads, at their revisions; recorded at submission.",
+    )  # fmt: skip
     observed_generation: int | None = Field(
         default=None, description="observedGeneration is the spec generation the operator last acted on."
     )

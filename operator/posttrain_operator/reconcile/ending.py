@@ -1,18 +1,27 @@
 """How an Episode ends: its final status (one compare-and-swap), every job cancelled, the ledger
-entries of jobs deleted unsettled settled, and its backend's per-episode resources released once every
-job is confirmed gone; also its deletion."""
+entries of jobs deleted unsettled settled, its backend's per-episode resources released once every
+job is confirmed gone, and its provenance summarised; also its deletion."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import EpisodeStatus, Integrity, Outcome, ScoreInterval, status_of
-from posttrain_operator.api.rules import ENDED_PHASES, format_time
+from posttrain_operator.api import provenance
+from posttrain_operator.api.models import (
+    EpisodeStatus,
+    Integrity,
+    Outcome,
+    ProvenanceSummary,
+    ScoreInterval,
+    status_of,
+)
+from posttrain_operator.api.rules import ENDED_PHASES, format_time, parse_time
 from posttrain_operator.backends.base import SupportsEpisodeCleanup
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
@@ -165,6 +174,25 @@ async def release_backend_resources(ctx: Context, body: dict[str, Any]) -> bool:
     except Exception as exc:
         log.warning("releasing %s/%s on its backend failed: %s", meta["namespace"], meta["name"], exc)
         return False
+
+
+def provenance_sealed(summary: ProvenanceSummary, status: EpisodeStatus, now: datetime, grace: float) -> bool:
+    """Whether an ended Episode's summary may be written: once the gateway's record holds as many tool
+    calls as it counted, or, should it never (a gateway that stopped mid-call), `grace` seconds after
+    the end; the summary then shows the shortfall against status.steps."""
+    ended = parse_time(status.ended_at)
+    return summary.tool_calls >= status.steps or ended is None or now >= ended + timedelta(seconds=grace)
+
+
+async def seal_provenance(ctx: Context, body: dict[str, Any]) -> None:
+    """Summarise an ended Episode's provenance records in its status, once every job is settled (so
+    every job is recorded: a job's record is written before its terminal status)."""
+    meta = body["metadata"]
+    records = await ctx.kube.list_provenance(meta["namespace"], meta["name"])
+    summary = provenance.summarise(provenance.specs_of(records))
+    status = status_of(EpisodeStatus, body.get("status"))
+    if provenance_sealed(summary, status, ctx.clock(), ctx.settings.provenance_grace_seconds):
+        await set_status(ctx, body, provenance=summary)
 
 
 async def finalize_episode(ctx: Context, namespace: str, name: str) -> bool:

@@ -34,6 +34,7 @@ from posttrain_operator.reconcile.ending import (
     end_episode,
     fail_episode,
     release_backend_resources,
+    seal_provenance,
     set_status,
     settle_ended,
 )
@@ -132,6 +133,8 @@ async def reconcile_episode(
         ):
             # Every job is settled (confirmed gone); a restarted operator lands here too.
             await set_status(ctx, body, backend_released=True)
+        elif status.phase in ENDED_PHASES and status.provenance is None:
+            await seal_provenance(ctx, body)
         if status.orphaned_jobs:
             await collect_orphans(ctx, namespace, name)
 
@@ -143,8 +146,10 @@ async def _idle(ctx: Context, observed: dict[str, Any]) -> bool:
     if status.orphaned_jobs or observed["metadata"].get("deletionTimestamp"):
         return False
     if status.phase in ENDED_PHASES:
-        return not _has_unsettled_jobs(status) and not _needs_release(
-            ctx, observed["spec"]["backend"], status
+        return (
+            not _has_unsettled_jobs(status)
+            and not _needs_release(ctx, observed["spec"]["backend"], status)
+            and status.provenance is not None
         )
     if status.phase != "Running":
         return False

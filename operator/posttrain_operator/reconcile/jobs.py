@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain_operator.api.models import AgentJobStatus
+from posttrain_operator.api import provenance
+from posttrain_operator.api.models import TERMINAL_JOB_PHASES, AgentJobStatus, status_of
 from posttrain_operator.api.rules import EPISODE_LABEL, episode_owner
 from posttrain_operator.backends.base import Handle
 from posttrain_operator.jobspec import output_prefix
@@ -37,8 +38,13 @@ def handle_of(job: dict[str, Any], status: AgentJobStatus) -> Handle | None:
 
 
 async def write_job_status(ctx: Context, job: dict[str, Any], status: AgentJobStatus) -> None:
-    """One merge patch of the job's status; `job` is updated to what the API server wrote."""
+    """One merge patch of the job's status; `job` is updated to what the API server wrote. A job
+    becoming terminal is recorded in its Episode's provenance first, so no terminal job goes
+    unrecorded (a second write after a crash finds the record there)."""
     meta = job["metadata"]
+    if status.phase in TERMINAL_JOB_PHASES:
+        final = status_of(AgentJobStatus, {**(job.get("status") or {}), **status.patch()})
+        await record_job(ctx, job, final)
     written = await ctx.kube.patch_agentjob_status(meta["namespace"], meta["name"], status)
     job["status"] = written.get("status", {})
 
@@ -60,6 +66,18 @@ async def adopt(ctx: Context, job: dict[str, Any], episode: dict[str, Any]) -> N
     }
     written = await ctx.kube.patch_agentjob(meta["namespace"], meta["name"], patch)
     meta["ownerReferences"] = written["metadata"].get("ownerReferences")
+
+
+async def record_job(ctx: Context, job: dict[str, Any], final: AgentJobStatus) -> None:
+    meta = job["metadata"]
+    episode = job["spec"]["episode"]
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("kind") == "Episode"]
+    owner = {k: v for k, v in owners[0].items() if k != "blockOwnerDeletion"} if owners else None
+    spec = provenance.ProvenanceSpec(
+        format=provenance.FORMAT, episode=episode, writer="operator", job=provenance.job_entry(job, final)
+    )
+    name = provenance.job_record_name(meta["name"])
+    await ctx.kube.append_provenance(meta["namespace"], provenance.record(name, spec, owner))
 
 
 def with_condition(

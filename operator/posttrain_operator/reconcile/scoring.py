@@ -7,6 +7,7 @@ from typing import Any
 
 from graders.tasks import Task
 from posttrain_operator.api import conditions as cond
+from posttrain_operator.api import provenance
 from posttrain_operator.api.models import (
     API_VERSION,
     TERMINAL_JOB_PHASES,
@@ -15,8 +16,14 @@ from posttrain_operator.api.models import (
     EpisodeStatus,
     status_of,
 )
-from posttrain_operator.api.rules import grader_flavor, integrity_of, new_job_metadata
-from posttrain_operator.jobspec import script_sha256
+from posttrain_operator.api.provenance import script_sha256
+from posttrain_operator.api.rules import (
+    episode_owner,
+    format_time,
+    grader_flavor,
+    integrity_of,
+    new_job_metadata,
+)
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.ending import End, end_episode, set_status
@@ -78,6 +85,7 @@ async def start_scoring(
             ),
         )
         return
+    await _record_submission(ctx, body, spec, task, source_status.lineage)
     score_job = f"{meta['name']}-score"
     await set_status(
         ctx,
@@ -94,6 +102,27 @@ async def start_scoring(
         ctx, body, cond.EPISODE_ENDED, "the episode's submission is being scored", keep=score_job
     )
     await _ensure_score_job(ctx, body, spec, task, score_job, source_status.lineage)
+
+
+async def _record_submission(
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, task: Task, lineage: list[str]
+) -> None:
+    """The submission's lineage back to the base model, in the Episode's provenance (once: its name
+    is the Episode's)."""
+    assert spec.submission is not None
+    meta = body["metadata"]
+    base = task.base_model
+    entry = provenance.SubmissionEntry(
+        checkpoint_from=spec.submission.checkpoint_from,
+        lineage=lineage,
+        base_model=f"{base.repo_id}@{base.revision}" if base is not None else None,
+        at=format_time(ctx.clock()),
+    )
+    record = provenance.ProvenanceSpec(
+        format=provenance.FORMAT, episode=meta["name"], writer="operator", submission=entry
+    )
+    name = provenance.submission_record_name(meta["name"])
+    await ctx.kube.append_provenance(meta["namespace"], provenance.record(name, record, episode_owner(body)))
 
 
 async def _ensure_score_job(

@@ -18,6 +18,7 @@ from posttrain_operator.api.models import (
     EpisodeSpec,
     EpisodeStatus,
     InstalledPackage,
+    MountedRepo,
     status_of,
 )
 from posttrain_operator.api.rules import format_time, parse_time
@@ -103,7 +104,12 @@ async def _submit(
     request = build_request(spec=spec, task=task, namespace=meta["namespace"], job_name=meta["name"],
                             uid=meta["uid"], network=status.network or "unix",
                             environment_images=ctx.settings.environment_images)  # fmt: skip
-    status = status.model_copy(update={"submit_started_at": format_time(ctx.clock())})
+    mounts = [MountedRepo(mount=r.mount_path.rsplit("/", 1)[-1], repo=r.repo_id, revision=r.revision)
+              for r in request.repos]  # fmt: skip
+    image = request.image or ctx.settings.launcher_image(backend.name)
+    status = status.model_copy(
+        update={"submit_started_at": format_time(ctx.clock()), "image": image, "mounts": mounts}
+    )
     await write_job_status(ctx, job, status)
     if admitted is not None:
         ctx.emit(job, "Normal", "Admitted", admitted.message)

@@ -54,6 +54,11 @@ class EpisodeStore:
     ) -> dict[str, Any]:
         raise AssertionError("no tool call here may count a step")
 
+    async def append_provenance(self, namespace: str, body: dict[str, Any]) -> bool:
+        raise AssertionError("no tool call here is counted, so none is recorded")
+
+    list_provenance = append_provenance
+
 
 @pytest.fixture
 def store() -> EpisodeStore:

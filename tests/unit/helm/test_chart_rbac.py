@@ -35,6 +35,7 @@ def application(scope: str) -> set[Rule]:
         | _rules(scope, "posttrain.dev", "agentjobs/status", "patch")
         | _rules(scope, "posttrain.dev", "judgefindings", "get", "list", "watch", "patch")
         | _rules(scope, "posttrain.dev", "judgefindings/status", "patch")
+        | _rules(scope, "posttrain.dev", "provenancerecords", "list", "create")
         | _rules(scope, "posttrain.dev", "episodes/finalizers", "update")
         | _rules(scope, "posttrain.dev", "agentjobs/finalizers", "update")
         | _rules(scope, "", "events", "create")
@@ -55,6 +56,7 @@ def gateway_rules(scope: str) -> set[Rule]:
         _rules(scope, "posttrain.dev", "episodes", "get", "list", "watch", "create", "patch", "delete")
         | _rules(scope, "posttrain.dev", "episodes/status", "patch")
         | _rules(scope, "posttrain.dev", "agentjobs", "get", "list", "watch", "create", "delete")
+        | _rules(scope, "posttrain.dev", "provenancerecords", "list", "create")
     )
 
 
@@ -141,6 +143,7 @@ def test_only_the_judges_may_append_findings(default_docs: list[dict[str, Any]])
         _rules("cluster", "posttrain.dev", "judgefindings", "get", "list", "watch", "create")
         | _rules("cluster", "posttrain.dev", "episodes", "get", "list", "watch")
         | _rules("cluster", "posttrain.dev", "agentjobs", "get", "list", "watch")
+        | _rules("cluster", "posttrain.dev", "provenancerecords", "get", "list", "watch")
     )
 
 

@@ -60,7 +60,7 @@ def _undescribed(node: dict[str, Any], path: str) -> list[str]:
 def test_every_spec_and_status_field_is_described_for_kubectl_explain() -> None:
     for name, crd in crds.render().items():
         schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-        for part in ("spec", "status"):
+        for part in ("spec", "status") if "status" in schema["properties"] else ("spec",):
             assert _undescribed(schema["properties"][part], part) == [], name
 
 

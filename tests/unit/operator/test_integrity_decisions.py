@@ -10,11 +10,11 @@ import pytest
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, EpisodeStatus, Ledger
+from posttrain_operator.api.provenance import script_sha256
 from posttrain_operator.jobspec import (
     EVIDENCE_ROOT,
     InvalidJob,
     build_request,
-    script_sha256,
     validate_against_task,
 )
 from posttrain_operator.reconcile.admission import reserve_in

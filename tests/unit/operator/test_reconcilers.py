@@ -490,9 +490,18 @@ async def test_an_ended_episode_settles_a_job_deleted_unsettled_at_its_reservati
     (warning,) = [e for e in events if e[2] == "SettledAtReservation"]
     assert warning[:2] == ("ep", "Warning") and "j1" in warning[3] and "j2" not in warning[3]
 
-    # Nothing is left unsettled: the next pass releases the episode's namespace, and then it is idle.
+    # Nothing is left unsettled: the next pass releases the episode's namespace.
     await reconcile_episode(world.ctx, NS, "ep", world.api.obj("episodes", NS, "ep"))
     assert world.status("episodes", "ep")["backendReleased"] is True
+    # Its provenance holds j2 (j1 went past the operator, so only the ledger knows it), and no tool call
+    # for the step set by hand: the summary waits for the gateway's record until the grace has passed,
+    # and then says what it holds.
+    await reconcile_episode(world.ctx, NS, "ep", world.api.obj("episodes", NS, "ep"))
+    assert "provenance" not in world.status("episodes", "ep")
+    world.clock.advance(world.ctx.settings.provenance_grace_seconds)
+    await reconcile_episode(world.ctx, NS, "ep", world.api.obj("episodes", NS, "ep"))
+    summary = world.status("episodes", "ep")["provenance"]
+    assert (summary["toolCalls"], summary["jobs"], summary["chain"]) == (0, 1, "intact")
     world.api.reset_calls()
     await reconcile_episode(world.ctx, NS, "ep", world.api.obj("episodes", NS, "ep"))
     assert world.api.calls == {}
