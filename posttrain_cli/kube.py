@@ -83,6 +83,13 @@ class Cluster:
             ]
         return sorted(items, key=lambda j: (j["metadata"]["creationTimestamp"], j["metadata"]["name"]))
 
+    def provenance(self, episode: str) -> list[Obj]:
+        found = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "provenancerecords", field_selector=f"spec.episode={episode}"
+        )
+        items: list[Obj] = found["items"]
+        return items
+
     def _get(self, plural: str, name: str) -> Obj:
         try:
             body: Obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, name)

@@ -21,10 +21,18 @@ import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
+from posttrain_operator.api import provenance
 from posttrain_operator.api.rules import token_hash
 
 from posttrain_cli.kube import CliError, Cluster
-from posttrain_cli.views import EPISODE_COLUMNS, describe, episode_row, table
+from posttrain_cli.views import (
+    EPISODE_COLUMNS,
+    describe,
+    episode_row,
+    provenance_line,
+    provenance_lines,
+    table,
+)
 
 DONE_PHASES = ("Completed", "Failed")
 BROKER_ENV = "POSTTRAIN_BROKER_URL"
@@ -76,6 +84,17 @@ def cmd_describe(cluster: Cluster, args: argparse.Namespace) -> None:
     _out(describe(cluster.episode(args.episode), cluster.agentjobs(args.episode), _now()))
 
 
+def cmd_provenance(cluster: Cluster, args: argparse.Namespace) -> None:
+    records = cluster.provenance(args.episode)
+    for line in provenance_lines(records):
+        _out(line)
+    summary = provenance.summarise(provenance.specs_of(records))
+    steps = int((cluster.episode(args.episode).get("status") or {}).get("steps") or 0)
+    sys.stderr.write(provenance_line(summary.wire(), steps) + "\n")
+    if summary.chain != "intact":
+        raise CliError(f"episode {args.episode}'s provenance is not whole: {summary.chain}")
+
+
 def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> None:
     broker = args.broker_url or os.environ.get(BROKER_ENV)
     if not broker:
@@ -124,7 +143,10 @@ def cmd_report(cluster: Cluster, args: argparse.Namespace) -> None:
 
     now = _now()
     if args.episode:
-        page, png = episode_report(cluster.episode(args.episode), cluster.agentjobs(args.episode), now)
+        records = cluster.provenance(args.episode)
+        page, png = episode_report(
+            cluster.episode(args.episode), cluster.agentjobs(args.episode), records, now
+        )
         default = f"{args.episode}.html"
     else:
         page, png = namespace_report(cluster.namespace, cluster.episodes(), now)
@@ -164,6 +186,9 @@ def parser() -> argparse.ArgumentParser:
     d = command("describe", "an episode and its ledger entries per job")
     d.add_argument("episode")
     d.set_defaults(run=cmd_describe)
+    pv = command("provenance", "an episode's provenance records as JSON Lines, its chain checked")
+    pv.add_argument("episode")
+    pv.set_defaults(run=cmd_provenance)
     lg = command("logs", "an AgentJob's logs, through the operator's broker")
     lg.add_argument("job")
     lg.add_argument("--tail", type=int, default=100, help="last N lines (1..1000)")

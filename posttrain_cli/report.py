@@ -21,6 +21,7 @@ matplotlib.use("Agg")  # no display: reports are files
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from posttrain_operator.api import provenance
 from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import parse_time
 
@@ -28,9 +29,12 @@ from posttrain_cli.views import (
     EPISODE_COLUMNS,
     LEDGER_COLUMNS,
     LINEAGE_COLUMNS,
+    PROVENANCE_COLUMNS,
     episode_row,
     ledger_rows,
     lineage_rows,
+    provenance_line,
+    provenance_rows,
 )
 
 Obj = dict[str, Any]
@@ -208,14 +212,19 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def episode_report(ep: Obj, jobs: list[Obj], now: datetime) -> tuple[str, bytes]:
+def episode_report(ep: Obj, jobs: list[Obj], records: list[Obj], now: datetime) -> tuple[str, bytes]:
     """The HTML page and its figure (also inlined in the page)."""
     png = episode_figure(ep, jobs, now)
     summary = _table(EPISODE_COLUMNS, [episode_row(ep, now)])
+    specs = provenance.specs_of(records)
+    steps = int((ep.get("status") or {}).get("steps") or 0)
+    recorded = provenance_line(provenance.summarise(specs).wire(), steps)
     body = (
         f"{summary}<h2>Timeline, spend and steps</h2>{_img(png, 'episode timeline')}"
         f"<h2>Ledger per job</h2>{_table(LEDGER_COLUMNS, ledger_rows(ep, jobs))}"
         f"<h2>Lineage</h2>{_table(LINEAGE_COLUMNS, lineage_rows(ep, jobs))}"
+        f"<h2>Provenance</h2><p>{html.escape(recorded)}</p>"
+        f"{_table(PROVENANCE_COLUMNS, provenance_rows(specs))}"
         f"<p>Generated {now.isoformat(timespec='seconds')}.</p>"
     )
     return _page(f"Episode {ep['metadata']['namespace']}/{ep['metadata']['name']}", body), png

@@ -11,8 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from posttrain_operator.api import provenance
+from posttrain_operator.api.models import ProvenanceSummary
+from posttrain_operator.backends.hf_replies import label_value
 
 from devstack import cluster as devcluster
+from devstack.hf_emulator import HfEmulator
 from tests.conftest import Kubectl
 from tests.helpers import wait_for
 from tests.integration.conftest import agentjob_manifest, apply, episode_manifest, get, wait_phase
@@ -21,6 +25,28 @@ from tests.integration.helm.conftest import ChartOperator, Release
 from tests.integration.operator.test_full_episode import ARTIFACT_SCRIPT
 
 SLEEPER = "import time\ntime.sleep(600)\n"
+# An agent job trying to append to its Episode's provenance: with whatever credential it can find, at
+# the API server's address (which the test gives it, as an agent could guess it).
+FORGER = """
+import glob, json, os, socket, ssl, urllib.request
+server, namespace, episode = {server!r}, {namespace!r}, {episode!r}
+found = {{k: v for k, v in os.environ.items() if "KUBERNETES" in k or "TOKEN" in k}}
+found["service_account_files"] = glob.glob("/var/run/secrets/kubernetes.io/serviceaccount/*")
+record = {{"apiVersion": "posttrain.dev/v1alpha1", "kind": "ProvenanceRecord",
+          "metadata": {{"name": episode + "-calls-999999"}},
+          "spec": {{"format": "posttrain.dev/provenance/v1", "episode": episode, "writer": "gateway",
+                   "sequence": 999999, "toolCalls": []}}}}
+url = f"{{server}}/apis/posttrain.dev/v1alpha1/namespaces/{{namespace}}/provenancerecords"
+request = urllib.request.Request(url, json.dumps(record).encode(), {{"Content-Type": "application/json"}})
+try:
+    urllib.request.urlopen(request, context=ssl._create_unverified_context(), timeout=10)
+    found["append"] = "created"
+except Exception as exc:
+    found["append"] = f"refused: {{type(exc).__name__}}: {{exc}}"
+with open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "forger.json"), "w") as f:
+    json.dump(found, f)
+print(json.dumps(found))
+"""
 
 
 async def tool(orch: Orchestrator, name: str, **arguments: Any) -> dict[str, Any]:
@@ -95,6 +121,13 @@ async def test_full_episode_with_the_charts_identities_meets_no_403(
         sleeper = (await tool(orch, "jobs_submit", script=SLEEPER, timeout_seconds=300))["job"]["name"]
         await tool(orch, "jobs_cancel", job=sleeper)
 
+        forger_script = FORGER.format(server=cluster.server, namespace=ns, episode=episode)
+        forger = (await tool(orch, "jobs_submit", script=forger_script, timeout_seconds=300))["job"]["name"]
+        assert (await wait_job(orch, forger))["job"]["phase"] == "Succeeded"
+        attempt = json.loads((await tool(orch, "jobs_read_artifact", job=forger, path="forger.json"))["text"])
+        assert attempt["append"].startswith("refused"), attempt
+        assert attempt["service_account_files"] == [], attempt
+
         await tool(orch, "submit", job=job)
         final: dict[str, Any] = {"finished": False}
         while not final["finished"]:
@@ -103,6 +136,7 @@ async def test_full_episode_with_the_charts_identities_meets_no_403(
         assert final["outcome"] == "Scored" and final["reward"] == "1", final
         assert reply["done"] is True and reply["reward"] == 1.0
     assert get(kubectl, ns, "episode", episode)["status"]["ledger"]["reservedMicroUSD"] == 0
+    check_provenance(kubectl, ns, episode, chart_operator.emulator, cancelled=sleeper)
 
     users = {release.operator_user, release.gateway_user}
     entries = list(audit_entries(cluster, release.audit_offset, users))
@@ -115,14 +149,54 @@ async def test_full_episode_with_the_charts_identities_meets_no_403(
             "watch episodes", "watch agentjobs", "watch customresourcedefinitions", "list namespaces",
             "patch episodes", "patch agentjobs", "update episodes/status", "patch agentjobs/status",
             "create agentjobs", "create secrets", "create events", "create tokenreviews",
+            "create provenancerecords", "list provenancerecords",
         ]),
         (release.gateway_user, [
             "create episodes", "get episodes", "watch episodes", "patch episodes", "patch episodes/status",
-            "create agentjobs", "watch agentjobs", "delete agentjobs",
+            "create agentjobs", "watch agentjobs", "delete agentjobs", "create provenancerecords",
         ]),
     ]:  # fmt: skip
         missing = [a for a in needed if (user, a) not in used]
         assert missing == [], (user, missing, sorted(a for u, a in used if u == user))
+
+
+def check_provenance(kubectl: Kubectl, ns: str, episode: str, emulator: HfEmulator, cancelled: str) -> None:
+    """The Episode's provenance accounts for every tool call the gateway counted and every job the
+    backend ran (`cancelled` too, whose AgentJob jobs_cancel deleted), the summary in its status says
+    so, and no record can be changed, even by an admin."""
+    ended = wait_for(
+        lambda: (e := get(kubectl, ns, "episode", episode))["status"].get("provenance") and e,
+        timeout=180, what="the ended Episode's provenance summary",
+    )  # fmt: skip
+    status = ended["status"]
+    records = json.loads(kubectl("-n", ns, "get", "provenancerecords", "-o", "json").stdout)["items"]
+    specs = provenance.specs_of(r for r in records if r["spec"]["episode"] == episode)
+    summary = provenance.summarise(specs)
+    assert summary.model_dump() == ProvenanceSummary.model_validate(status["provenance"]).model_dump()
+    assert summary.chain == "intact"
+    calls = [call for spec in specs for call in spec.tool_calls]
+    assert len(calls) == status["steps"] > 0
+    tools = [call.tool for call in calls]
+    assert tools.count("jobs_submit") == 3 and tools.count("submit") == 1, tools
+    jobs = {spec.job.job: spec.job for spec in specs if spec.job is not None}
+    listed = json.loads(kubectl("-n", ns, "get", "agentjobs", "-o", "json").stdout)["items"]
+    listed = [j for j in listed if j["spec"]["episode"] == episode]
+    assert sorted(jobs) == sorted([cancelled, *(j["metadata"]["name"] for j in listed)])
+    assert jobs[cancelled].phase == "Cancelled" and jobs[cancelled].backend_job_id
+    label = label_value(f"{ns}-{episode}")
+    ran = {j["id"] for j in emulator.jobs() if (j.get("labels") or {}).get("posttrain-episode") == label}
+    assert {j.backend_job_id for j in jobs.values() if j.backend_job_id} == ran
+    for listed_job in listed:
+        job = jobs[listed_job["metadata"]["name"]]
+        assert job.phase == listed_job["status"]["phase"]
+        assert job.billed_seconds == listed_job["status"].get("billedSeconds")
+    (submission,) = [spec.submission for spec in specs if spec.submission is not None]
+    assert submission.checkpoint_from == next(c.job for c in calls if c.tool == "jobs_submit")
+    # Append-only: the schema refuses a change to any record, whoever asks.
+    name = provenance.calls_record_name(episode, 0)
+    patch = json.dumps({"spec": {"toolCalls": [], "sequence": 0}})
+    refused = kubectl("-n", ns, "patch", "provenancerecord", name, "--type=merge", "-p", patch, check=False)
+    assert refused.returncode != 0 and "append-only" in refused.stderr, refused.stderr
 
 
 # (identity, verb, resource, namespace or None for cluster-wide): each must be denied.
@@ -144,6 +218,9 @@ def denied_actions(release: Release) -> list[tuple[str, str, str, str | None]]:
         (gw, "list", "episodes.posttrain.dev", None),
         (gw, "create", "pods", ns),
         (gw, "create", "tokenreviews.authentication.k8s.io", None),
+        (gw, "update", "provenancerecords.posttrain.dev", ns),
+        (gw, "patch", "provenancerecords.posttrain.dev", ns),
+        (gw, "delete", "provenancerecords.posttrain.dev", ns),
         (op, "list", "secrets", ns),
         (op, "watch", "secrets", ns),
         (op, "delete", "secrets", ns),
@@ -160,6 +237,8 @@ def denied_actions(release: Release) -> list[tuple[str, str, str, str | None]]:
         (op, "get", "episodes.posttrain.dev", "default"),
         (op, "create", "clusterroles.rbac.authorization.k8s.io", None),
         (op, "impersonate", "serviceaccounts", ns),
+        (op, "update", "provenancerecords.posttrain.dev", ns),
+        (op, "delete", "provenancerecords.posttrain.dev", ns),
     ]
 
 

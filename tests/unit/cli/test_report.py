@@ -3,11 +3,16 @@ in their outcome's colour, the spend line, the ledger table."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from posttrain_operator.api import provenance
+from posttrain_operator.api.models import AgentJobStatus
+from posttrain_operator.api.provenance import ProvenanceSpec
 
+from env_gateway.provenance import tool_call
 from posttrain_cli.report import (
     PHASE_COLORS,
     SPEND_COLOR,
@@ -16,7 +21,7 @@ from posttrain_cli.report import (
     namespace_report,
     spend_curve,
 )
-from posttrain_cli.views import describe
+from posttrain_cli.views import describe, provenance_lines
 from tests.unit.cli.report_pixels import inlined_png, pixels_of
 
 pytestmark = pytest.mark.unit
@@ -71,7 +76,7 @@ def test_spend_curve_steps_up_as_agent_jobs_settle() -> None:
 
 
 def test_episode_report_shows_job_bars_spend_line_and_ledger() -> None:
-    page, png = episode_report(EPISODE, JOBS, NOW)
+    page, png = episode_report(EPISODE, JOBS, [], NOW)
     assert inlined_png(page) == png
     assert pixels_of(png, PHASE_COLORS["Succeeded"]) > 500  # two bars
     assert pixels_of(png, PHASE_COLORS["Failed"]) > 200
@@ -112,7 +117,7 @@ def test_describe_and_the_report_show_which_job_read_which_back_to_the_base_mode
     assert lineage[0].split() == ["JOB", "READS", "BUILT", "ON"]
     assert lineage[1].split() == ["dpo", "(submitted)", "sft", "sft", "<-", "base", "model"]
     assert len(lineage) == 2  # sft read nothing and was not submitted
-    page, _ = episode_report(episode, [sft, dpo], NOW)
+    page, _ = episode_report(episode, [sft, dpo], [], NOW)
     assert "<h2>Lineage</h2>" in page and "sft &lt;- base model" in page
     assert "Lineage:" not in describe(EPISODE, JOBS, NOW)  # nothing read, nothing submitted
 
@@ -131,3 +136,37 @@ def test_describe_lists_the_integrity_findings_and_the_judge_behind_one() -> Non
     assert "flagged (identity): the base unchanged [in: checkpoint]" in text
     assert "violation (judge jf-1): test items in a script [in: -]" in text
     assert "Integrity:" not in describe(EPISODE, JOBS, NOW)
+
+
+def _records() -> list[dict[str, Any]]:
+    call = tool_call("jobs_submit", {"script": "x"}, "ok", 0, "2026-01-01T12:00:05Z", "t1")
+    calls = ProvenanceSpec(format=provenance.FORMAT, episode="ep", writer="gateway", tool_calls=[call])
+    entry = provenance.job_entry(
+        {"metadata": {"name": "t1"}, "spec": {"episode": "ep", "purpose": "train", "script": "x",
+                                              "flavor": "cpu-basic", "timeoutSeconds": 600}},
+        AgentJobStatus(phase="Succeeded", billed_seconds=120, finished_at="2026-01-01T12:02:00Z"),
+    )  # fmt: skip
+    job_spec = ProvenanceSpec(format=provenance.FORMAT, episode="ep", writer="operator", job=entry)
+    submission = provenance.SubmissionEntry(
+        checkpoint_from="t1", base_model="posttrain/tiny@v1", at="2026-01-01T12:03:30Z"
+    )
+    sub_spec = ProvenanceSpec(
+        format=provenance.FORMAT, episode="ep", writer="operator", submission=submission
+    )
+    return [{"spec": spec.wire()} for spec in (calls, job_spec, sub_spec)]
+
+
+def test_describe_and_the_report_show_the_provenance_and_what_it_lacks() -> None:
+    records = _records()
+    summary = provenance.summarise(provenance.specs_of(records)).wire()
+    recorded = {**EPISODE, "status": {**EPISODE["status"], "provenance": summary}}
+    text = describe(recorded, JOBS, NOW)
+    # 4 steps counted, 1 recorded: the shortfall is shown, not hidden.
+    assert "Provenance: 1 tool calls (of 4 counted: 3 unrecorded), 1 jobs (120 s billed)" in text
+    assert "submission lineage recorded; tool-call chain intact" in text
+    page, _ = episode_report(recorded, JOBS, records, NOW)
+    assert "jobs_submit" in page and "job t1" in page and "t1 &lt;- posttrain/tiny@v1" in page
+    lines = [json.loads(line) for line in provenance_lines(records)]
+    assert [line["writer"] for line in lines] == ["gateway", "operator", "operator"]
+    assert all(line["digest"] == provenance.digest(ProvenanceSpec.model_validate(
+        {k: v for k, v in line.items() if k != "digest"})) for line in lines)  # fmt: skip
