@@ -4,9 +4,10 @@ Every call the step counter counted is recorded once it has its result, before t
 Callers of one episode queue, and one flusher writes their calls as one ProvenanceRecord, the next
 of the episode's chain (`<episode>-calls-<sequence>`, holding the digest of the one before). A record
 is created, never changed: the name is the compare-and-swap. Should another gateway replica have
-written that sequence first, the flusher reads the chain's head again and writes the next. Calls
-whose write failed (the API server away) are retried with backoff; their callers are answered
-without waiting further.
+written that sequence first, the flusher reads the chain's head again and writes the next. The head
+is read from the API once per episode and then kept (for the most recent HEADS_KEPT episodes), so a
+call costs one create. Calls whose write failed (the API server away) are retried with backoff; their
+callers are answered without waiting further.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +28,7 @@ Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 HEAD_RACES = 20
 WRITE_ATTEMPTS = 12  # with backoff to 30 s: about five minutes of an API server away
+HEADS_KEPT = 4096  # one forgotten costs one list on that episode's next call
 
 
 @dataclass
@@ -33,7 +36,6 @@ class _Chain:
     owner: Obj
     pending: list[tuple[ToolCall, asyncio.Future[None]]] = field(default_factory=list)
     flusher: asyncio.Task[None] | None = None
-    head: tuple[int, str] | None = None  # the next sequence and the digest it must follow
 
 
 def tool_call(
@@ -60,6 +62,8 @@ class ProvenanceLog:
         self._append = append
         self._list = list_records
         self._chains: dict[tuple[str, str], _Chain] = {}
+        # Per episode, the next sequence and the digest it must follow.
+        self._heads: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
 
     async def record(self, namespace: str, episode: str, owner: Obj, call: ToolCall) -> None:
         """Append `call`; returns once it is written, or raises what the write raised (the call stays
@@ -78,7 +82,7 @@ class ProvenanceLog:
             while chain.pending:
                 batch = chain.pending[: provenance.MAX_TOOL_CALLS]
                 try:
-                    await self._write(key, chain, [call for call, _ in batch])
+                    await self._write(key, chain.owner, [call for call, _ in batch])
                 except Exception as exc:
                     failures += 1
                     for _, future in batch:
@@ -102,12 +106,11 @@ class ProvenanceLog:
             if not chain.pending:
                 self._chains.pop(key, None)
 
-    async def _write(self, key: tuple[str, str], chain: _Chain, calls: list[ToolCall]) -> None:
+    async def _write(self, key: tuple[str, str], owner: Obj, calls: list[ToolCall]) -> None:
         namespace, episode = key
         for _ in range(HEAD_RACES):
-            if chain.head is None:
-                chain.head = await self._head(namespace, episode)
-            sequence, previous = chain.head
+            head = self._heads.pop(key, None) or await self._head(namespace, episode)
+            sequence, previous = head
             spec = ProvenanceSpec(
                 format=provenance.FORMAT,
                 episode=episode,
@@ -117,10 +120,12 @@ class ProvenanceLog:
                 tool_calls=calls,
             )
             name = provenance.calls_record_name(episode, sequence)
-            if await self._append(namespace, provenance.record(name, spec, chain.owner)):
-                chain.head = (sequence + 1, provenance.digest(spec))
+            if await self._append(namespace, provenance.record(name, spec, owner)):
+                self._heads[key] = (sequence + 1, provenance.digest(spec))
+                while len(self._heads) > HEADS_KEPT:
+                    self._heads.popitem(last=False)
                 return
-            chain.head = None  # another replica wrote this sequence: read the head again
+            # another replica wrote this sequence: the head is read again
         raise RuntimeError(f"episode {namespace}/{episode}: the tool-call chain lost {HEAD_RACES} races")
 
     async def _head(self, namespace: str, episode: str) -> tuple[int, str]:

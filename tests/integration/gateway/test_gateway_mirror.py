@@ -128,20 +128,22 @@ async def test_jobs_status_follows_each_status_write_never_backwards_and_reads_n
             assert (await agent.jobs())["j1"] == phase
     calls = agent.calls - calls_before
 
-    # Each call made exactly one API request, its step write: the Episode and the job list came from
-    # the copies (the audit log is written as each request completes).
+    # Each call made exactly two API requests, its step write and its provenance record: the Episode,
+    # the job list and the chain's head came from the copies (the audit log is written as each request
+    # completes).
     def requests() -> list[str]:
         return gateway_requests(cluster, offset, namespace)
 
     await asyncio.to_thread(
         wait_for,
-        lambda: requests().count("patch episodes/status") >= calls,
+        lambda: requests().count("create provenancerecords") >= calls,
         timeout=SEEN_WITHIN_SECONDS,
-        what="the step writes in the audit log",
+        what="the step writes and records in the audit log",
     )
     made = requests()
     assert [r for r in made if r != "watch agentjobs" and r != "watch episodes"] == [
-        "patch episodes/status"
+        "patch episodes/status",
+        "create provenancerecords",
     ] * calls, made
 
 

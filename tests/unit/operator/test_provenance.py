@@ -104,6 +104,7 @@ class Store:
         self.records: dict[str, dict[str, Any]] = {}
         self.fail_next = 0
         self.appended = asyncio.Event()
+        self.lists = 0
 
     async def append(self, namespace: str, body: dict[str, Any]) -> bool:
         await asyncio.sleep(0)
@@ -117,6 +118,7 @@ class Store:
         return True
 
     async def list(self, namespace: str, episode: str) -> list[dict[str, Any]]:
+        self.lists += 1
         return [r for r in self.records.values() if r["spec"]["episode"] == episode]
 
 
@@ -132,6 +134,20 @@ async def test_concurrent_calls_of_two_replicas_form_one_chain_holding_each_once
     recorded = [c.arguments_sha256 for spec in specs for c in spec.tool_calls]
     assert sorted(recorded) == sorted(c.arguments_sha256 for c in calls)
     assert len(specs) < len(calls)  # batched: the callers queued behind one write share the next
+
+
+async def test_the_head_is_read_once_per_episode_and_again_after_a_lost_race() -> None:
+    store = Store()
+    mine, other = ProvenanceLog(store.append, store.list), ProvenanceLog(store.append, store.list)
+    calls = [tool_call("task_info", {"i": i}, "ok", 0, "2026-12-04T00:00:00Z", None) for i in range(5)]
+    for call in calls[:3]:  # one after another, as one agent calls
+        await mine.record("ns", "ep", {"uid": "u"}, call)
+    assert (len(store.records), store.lists) == (3, 1)
+    await other.record("ns", "ep", {"uid": "u"}, calls[3])  # takes sequence 3: mine's head is stale
+    await mine.record("ns", "ep", {"uid": "u"}, calls[4])
+    assert store.lists == 3  # other's first read, and mine's after its create of sequence 3 was refused
+    specs = provenance.specs_of(store.records.values())
+    assert provenance.chain_break(specs) is None and len(specs) == 5
 
 
 async def test_a_failed_write_is_retried_and_its_callers_answered() -> None:
