@@ -17,6 +17,7 @@ from posttrain_operator.backends.hf_replies import label_value
 
 from devstack import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
+from env_gateway.provenance import tool_call
 from tests.conftest import Kubectl
 from tests.helpers import wait_for
 from tests.integration.conftest import agentjob_manifest, apply, episode_manifest, get, wait_phase
@@ -293,3 +294,37 @@ def test_only_the_operator_may_create_score_jobs(
     allowed = create(as_operator, score)
     assert allowed.returncode == 0, allowed.stderr
     assert allowed.stdout.strip() == "agentjob.posttrain.dev/ep-score"
+
+
+def test_each_provenance_writer_may_create_only_its_own_records(
+    kubectl: Kubectl, release: Release, as_operator: Kubectl, as_gateway: Kubectl
+) -> None:
+    calls = provenance.ProvenanceSpec(
+        format=provenance.FORMAT, episode="ep", writer="gateway",
+        tool_calls=[tool_call("task_info", {}, "ok", 0, "2026-12-05T00:00:00Z", None)],
+    )  # fmt: skip
+    submission = provenance.ProvenanceSpec(
+        format=provenance.FORMAT, episode="ep", writer="operator",
+        submission=provenance.SubmissionEntry(checkpoint_from="j1", at="2026-12-05T00:00:00Z"),
+    )  # fmt: skip
+    gateway_record = provenance.record(provenance.calls_record_name("ep", 0), calls, None)
+    operator_record = provenance.record(provenance.submission_record_name("ep"), submission, None)
+
+    def create(who: Kubectl, body: dict[str, Any]) -> Any:
+        return who(
+            "-n", release.namespace, "create", "--dry-run=server", "-o", "name", "-f", "-",
+            check=False, input=json.dumps(body),
+        )  # fmt: skip
+
+    message = "a ProvenanceRecord is created by its writer only"
+    # Admission policies take effect a moment after they are created (the apiserver's informer).
+    refused = wait_for(lambda: (r := create(as_gateway, operator_record)).returncode != 0 and r, timeout=30,
+                       what="the admission policy to refuse the gateway's operator record")  # fmt: skip
+    assert message in refused.stderr, refused.stderr
+    for who, body in [(as_operator, gateway_record), (kubectl, gateway_record), (kubectl, operator_record)]:
+        refused = create(who, body)
+        assert refused.returncode != 0 and message in refused.stderr, refused.stderr
+    for who, body in [(as_gateway, gateway_record), (as_operator, operator_record)]:
+        allowed = create(who, body)
+        assert allowed.returncode == 0, allowed.stderr
+        assert allowed.stdout.strip() == f"provenancerecord.posttrain.dev/{body['metadata']['name']}"

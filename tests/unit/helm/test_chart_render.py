@@ -45,6 +45,7 @@ SUFFIXES = (
     "-operator-pods",
     "-test",
     "-score-jobs",
+    "-provenance-writers",
     "-tasks",
     "-operator-metrics",
     "-gateway-metrics",
@@ -98,8 +99,10 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
         ("Service", f"{FULL}-operator-metrics"),
         ("ServiceAccount", f"{FULL}-gateway"),
         ("ServiceAccount", f"{FULL}-operator"),
+        ("ValidatingAdmissionPolicy", f"{FULL}-provenance-writers"),
         ("ValidatingAdmissionPolicy", f"{FULL}-score-jobs"),
         ("ValidatingAdmissionPolicy", f"{FULL}-tasks"),
+        ("ValidatingAdmissionPolicyBinding", f"{FULL}-provenance-writers"),
         ("ValidatingAdmissionPolicyBinding", f"{FULL}-score-jobs"),
         ("ValidatingAdmissionPolicyBinding", f"{FULL}-tasks"),
     ])  # fmt: skip
@@ -277,6 +280,19 @@ def test_admission_policy_lets_only_the_operator_create_score_jobs(
     scoped = render({"admissionPolicy": {"enabled": True, "namespaceSelector": {"matchLabels": {"a": "b"}}}})
     binding = one(scoped, "ValidatingAdmissionPolicyBinding", f"{FULL}-score-jobs")["spec"]
     assert binding["matchResources"] == {"namespaceSelector": {"matchLabels": {"a": "b"}}}
+
+
+def test_admission_policy_holds_each_provenance_writer_to_its_own_records(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    spec = one(default_docs, "ValidatingAdmissionPolicy", f"{FULL}-provenance-writers")["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["provenancerecords"]
+    assert spec["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    (rule,) = spec["validations"]
+    assert f"'gateway' ? '{GATEWAY_SA}' : '{OPERATOR_SA}'" in rule["expression"]
+    binding = one(default_docs, "ValidatingAdmissionPolicyBinding", f"{FULL}-provenance-writers")["spec"]
+    assert binding == {"policyName": f"{FULL}-provenance-writers", "validationActions": ["Deny"]}
 
 
 def test_task_policy_starts_with_no_task_until_the_operator_lists_its_own(
