@@ -12,6 +12,7 @@ from graders.tasks import (
     GRADER_INPUT_SPLIT,
     GraderPurpose,
     evidence_input_name,
+    wheels_input_name,
 )
 
 
@@ -32,6 +33,8 @@ class GraderInputs:
     lineage: tuple[tuple[str, Path], ...] = ()
     # The sha256 of each of those jobs' scripts, as the operator recorded them, checkpoint's job first.
     scripts: tuple[tuple[str, str], ...] = ()
+    # The wheels each of them installed (those that installed any), as the operator staged them, by job.
+    wheels: tuple[tuple[str, Path], ...] = ()
 
     @classmethod
     def from_env(
@@ -46,10 +49,14 @@ class GraderInputs:
         lineage: list[tuple[str, Path]] = []
         while value := env.get(input_env_var(evidence_input_name(len(lineage)))):
             lineage.append((Path(value).name, Path(value)))
+        wheels: list[tuple[str, Path]] = []
+        while value := env.get(input_env_var(wheels_input_name(len(wheels)))):
+            wheels.append((Path(value).name, Path(value)))
         return cls(
             checkpoint=required(GRADER_INPUT_CHECKPOINT),
             split=required(GRADER_INPUT_SPLIT),
             base_model=required(GRADER_INPUT_BASE_MODEL) if needs_base_model else None,
             purpose=purpose,
             lineage=tuple(lineage),
+            wheels=tuple(wheels),
         )

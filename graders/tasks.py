@@ -42,6 +42,12 @@ def evidence_input_name(index: int) -> str:
     return f"lineage_{index}"
 
 
+def wheels_input_name(index: int) -> str:
+    """A score job's input name of the `index`th job (of the submission and its lineage) whose
+    installed wheels it screens."""
+    return f"wheels_{index}"
+
+
 # Input name under which agent jobs see the task's base model.
 AGENT_INPUT_MODEL = "model"
 

@@ -11,7 +11,7 @@ from graders.assets.datasets import read_jsonl
 from graders.checkpoint import base_tensor_shapes, read_checkpoint_tensors
 from graders.checkpoint_files import agent_bytes, checkpoint_root
 from graders.inputs import GraderInputs
-from graders.integrity import identity, text
+from graders.integrity import files, identity, text, wheels
 from graders.integrity.policy import ContaminationPolicy, Finding, IdentityPolicy, verdict_of
 from graders.tasks import DATASET_FILE, Task
 
@@ -103,11 +103,17 @@ def contamination_report(
     scripts, unaccounted = script_sources(inputs)
     roots = [("outputs:checkpoint", checkpoint_root(inputs.checkpoint))]
     roots += [(f"outputs:{job}", path) for job, path in inputs.lineage]
-    files = text.text_files(
-        roots, max_file_bytes=MAX_SCREENED_FILE_BYTES, max_total_bytes=MAX_SCREENED_BYTES,
+    stats = files.TextFileStats()  # one total for the wheels' members and the outputs' files
+    packaged = wheels.wheel_texts(
+        [(f"wheel:{job}", path) for job, path in inputs.wheels], max_member_bytes=MAX_SCREENED_FILE_BYTES,
+        max_total_bytes=MAX_SCREENED_BYTES, stats=stats,
+    )  # fmt: skip
+    written = files.text_files(
+        roots, max_file_bytes=MAX_SCREENED_FILE_BYTES, max_total_bytes=MAX_SCREENED_BYTES, stats=stats,
         skip=frozenset({SCRIPT_COPY_NAME}),
     )  # fmt: skip
-    report = text.screen(index, itertools.chain(scripts, files), max_overlap=policy.max_overlap)
+    sources = itertools.chain(scripts, packaged, written)
+    report = text.screen(index, sources, max_overlap=policy.max_overlap)
     return report, unaccounted
 
 
@@ -121,7 +127,7 @@ def script_sources(inputs: GraderInputs) -> tuple[list[tuple[str, str]], list[st
         root = inputs.checkpoint if position == 0 else mounted.get(job)
         if root is None:  # the platform's failure: the grader result is `error`
             raise RuntimeError(f"job {job}'s outputs are not mounted, yet its script is expected")
-        data = text.read_regular(root / SCRIPT_COPY_NAME, MAX_SCRIPT_COPY_BYTES)
+        data = files.read_regular(root / SCRIPT_COPY_NAME, MAX_SCRIPT_COPY_BYTES)
         if data is None or hashlib.sha256(data).hexdigest() != sha256:
             unaccounted.append(job)
             continue

@@ -21,7 +21,7 @@ MAX_SPEC_BYTES = 1024 * 1024
 MAX_SCRIPT_BYTES = 256 * 1024
 MAX_PACKAGES = 32
 MAX_PACKAGE_CHARS = 200
-MAX_INPUTS = 32
+MAX_INPUTS = 160  # a score job: base, split, checkpoint, a lineage of 64 and the wheels of 65 jobs
 MAX_PATH_CHARS = 1024
 
 KiB = 1024

@@ -20,14 +20,16 @@ from graders.tasks import (
     RepoRef,
     Task,
     evidence_input_name,
+    wheels_input_name,
 )
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, NetworkMode
-from posttrain_operator.backends.base import JobRequest, OutputMount, RepoMount
+from posttrain_operator.backends.base import JobRequest, OutputMount, RepoMount, StagedWheels
 
 INPUTS_ROOT = "/inputs"
 INPUTS_FROM_ROOT = f"{INPUTS_ROOT}/from"
 EVIDENCE_ROOT = f"{INPUTS_ROOT}/lineage"
+WHEELS_EVIDENCE_ROOT = f"{INPUTS_ROOT}/wheels"
 OUTPUT_DIR = "/outputs"
 
 
@@ -92,8 +94,10 @@ def validate_against_task(spec: AgentJobSpec, task: Task, flavors: list[str], ma
     refused = task.package_refusal(spec.packages)
     if refused is not None:
         raise InvalidJob(refused)
-    if (spec.evidence_from or spec.evidence_scripts) and spec.purpose != "score":
-        raise InvalidJob("evidenceFrom and evidenceScripts are the operator's, for score jobs only")
+    if (spec.evidence_from or spec.evidence_scripts or spec.evidence_wheels) and spec.purpose != "score":
+        raise InvalidJob("evidenceFrom, evidenceScripts, evidenceWheels: the operator's, for score jobs only")
+    if not {w.job for w in spec.evidence_wheels} <= {spec.checkpoint_from, *spec.evidence_from}:
+        raise InvalidJob("evidenceWheels names only checkpointFrom and jobs of evidenceFrom")
     if spec.evidence_scripts and len(spec.evidence_scripts) != 1 + len(spec.evidence_from):
         raise InvalidJob("evidenceScripts has one sha256 for checkpointFrom and one per evidenceFrom")
     if spec.purpose in ("devEval", "score"):
@@ -138,6 +142,7 @@ def build_request(
     inputs: dict[str, str] = {}
     repos: list[RepoMount] = []
     inputs_from: list[OutputMount] = []
+    wheels_from: list[StagedWheels] = []
     launcher: dict[str, Any] = {"version": 1, "output_dir": OUTPUT_DIR}
     limits = task.agent_job_limits if spec.purpose == "train" else task.grader_job_limits
     if spec.purpose == "train":
@@ -174,6 +179,10 @@ def build_request(
             mount = _outputs_of(namespace, spec.episode, source, EVIDENCE_ROOT)
             inputs_from.append(mount)
             inputs[evidence_input_name(index)] = mount.mount_path
+        for index, staged in enumerate(spec.evidence_wheels):
+            wheels = StagedWheels(key=staged.key, mount_path=f"{WHEELS_EVIDENCE_ROOT}/{staged.job}")
+            wheels_from.append(wheels)
+            inputs[wheels_input_name(index)] = wheels.mount_path
         launcher |= {
             "role": "grader",
             "script": task.grader_script(
@@ -202,6 +211,7 @@ def build_request(
         repos=tuple(repos),
         outputs=OutputMount(prefix=output_prefix(namespace, spec.episode, job_name), mount_path=OUTPUT_DIR),
         inputs_from=tuple(inputs_from),
+        wheels_from=tuple(wheels_from),
         scratch_bytes=limits.scratch_bytes,
         image=image,
         environment=environment,

@@ -329,6 +329,14 @@ class EpisodeStatus(ApiModel):
 # --- AgentJob ----------------------------------------------------------------------------------
 
 
+class EvidenceWheels(ApiModel):
+    job: JobName = Field(description="job names the AgentJob that installed the wheels.")
+    key: str = Field(
+        max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="key is its idempotency key, under which its backend staged them.",
+    )  # fmt: skip
+
+
 class AgentJobSpec(ApiModel):
     episode: str = Field(
         max_length=253, pattern=NAME_PATTERN, description="episode names the owning Episode."
@@ -377,6 +385,13 @@ class AgentJobSpec(ApiModel):
         description="evidenceScripts are the sha256 of the scripts of checkpointFrom, then of each of "
         "evidenceFrom: the score job screens the launcher's copy of each that matches; set by the "
         "operator only.",
+    )
+    evidence_wheels: list[EvidenceWheels] = Field(
+        default_factory=list,
+        max_length=MAX_LINEAGE + 1,
+        description="evidenceWheels are the jobs of checkpointFrom and evidenceFrom that installed "
+        "packages, with their backend keys: the score job screens the wheels staged for each; set by "
+        "the operator only.",
     )
 
 

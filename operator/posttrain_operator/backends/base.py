@@ -60,6 +60,12 @@ class OutputMount:
 
 
 @dataclass(frozen=True)
+class StagedWheels:
+    key: str  # the job's idempotency key, under which its backend staged its packages' wheels
+    mount_path: str
+
+
+@dataclass(frozen=True)
 class JobRequest:
     key: str  # idempotency key: the backend labels the job with it and finds it by it
     namespace: str  # Kubernetes namespace of the AgentJob
@@ -71,6 +77,9 @@ class JobRequest:
     repos: tuple[RepoMount, ...] = ()
     outputs: OutputMount | None = None
     inputs_from: tuple[OutputMount, ...] = ()  # other jobs' outputs, read-only (checkpoints)
+    # Other jobs' staged wheels, read-only: what a score job screens (the backend knows where it
+    # staged each job's wheels, by its key).
+    wheels_from: tuple[StagedWheels, ...] = ()
     scratch_bytes: int | None = None  # HOME and TMPDIR in all, where the backend bounds them
     image: str | None = None  # the task's environment image; None: the backend's launcher image
     environment: str | None = None  # that image's name (what it holds: backends/image_packages.py)

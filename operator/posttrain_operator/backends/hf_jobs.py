@@ -195,6 +195,16 @@ class HfJobsBackend:
                     read_only=True,
                 )
             )
+        for staged in request.wheels_from:  # where _stage_packages committed that job's wheels
+            volumes.append(
+                Volume(
+                    type="dataset",
+                    source=self._package_repo(),
+                    path=self._wheels_folder(staged.key),
+                    mount_path=staged.mount_path,
+                    read_only=True,
+                )
+            )
         if request.outputs is not None:
             volumes.append(
                 Volume(
@@ -214,8 +224,7 @@ class HfJobsBackend:
         job's key and mounted read-only at that commit: the job never reaches an index itself. Two
         stagings at a time: the staging disk holds two jobs' wheels at most (the chart sizes it)."""
         assert self.config.package_index is not None
-        repo = self.config.package_repo or f"{self.config.namespace}/posttrain-packages"
-        folder = f"jobs/{label_value(request.key)}"
+        repo, folder = self._package_repo(), self._wheels_folder(request.key)
         async with self._staging:
             with tempfile.TemporaryDirectory(prefix="posttrain-wheels-", dir=self.config.staging_dir) as tmp:
                 staged = Path(tmp, "wheels")
@@ -228,6 +237,13 @@ class HfJobsBackend:
                 revision = await self._call("stage_packages", commit)
         mount = {"path": folder, "mount_path": WHEELS_MOUNT, "read_only": True}
         return pins, Volume(type="dataset", source=repo, revision=revision, **mount)
+
+    def _package_repo(self) -> str:
+        return self.config.package_repo or f"{self.config.namespace}/posttrain-packages"
+
+    @staticmethod
+    def _wheels_folder(key: str) -> str:
+        return f"jobs/{label_value(key)}"
 
     def _commit_wheels(self, repo: str, folder: str, staged: Path) -> str:
         """`staged` as `folder` of the private `repo` (made on first use), replacing what an earlier

@@ -132,12 +132,17 @@ async def _ensure_score_job(
     was built on (their scripts' hashes, from one list of the episode's jobs)."""
     meta = body["metadata"]
     assert spec.submission is not None
-    scripts = {
-        job["metadata"]["name"]: script_sha256(job["spec"].get("script") or "")
-        for job in await ctx.kube.list_agentjobs(meta["namespace"], meta["name"])
-    }
+    listed = await ctx.kube.list_agentjobs(meta["namespace"], meta["name"])
+    jobs = {job["metadata"]["name"]: job for job in listed}
+    built_on = [spec.submission.checkpoint_from, *lineage]
     # A job whose AgentJob is gone cannot be vouched for: no copy matches an unknown hash.
-    evidence = [scripts.get(job, UNKNOWN_SCRIPT) for job in [spec.submission.checkpoint_from, *lineage]]
+    evidence = [script_sha256(jobs[job]["spec"].get("script") or "") if job in jobs else UNKNOWN_SCRIPT
+                for job in built_on]  # fmt: skip
+    wheels = []  # the jobs that installed packages: their staged wheels are screened too
+    for name in built_on:
+        status = status_of(AgentJobStatus, jobs.get(name, {}).get("status"))
+        if status.packages and status.idempotency_key:
+            wheels.append({"job": name, "key": status.idempotency_key})
     return await ctx.kube.create_agentjob(
         meta["namespace"],
         {
@@ -152,6 +157,7 @@ async def _ensure_score_job(
                 "checkpointFrom": spec.submission.checkpoint_from,
                 "evidenceFrom": lineage,
                 "evidenceScripts": evidence,
+                "evidenceWheels": wheels,
             },
         },
     )

@@ -193,12 +193,19 @@ def snapshot(kubectl: Kubectl, namespace: str) -> tuple[Any, ...]:
 
 
 @pytest.fixture
+def standin_settings() -> dict[str, str]:
+    """Settings a test module adds to the stand-in operator's (by overriding this fixture)."""
+    return {}
+
+
+@pytest.fixture
 def standin_operator(
     cluster: devcluster.ClusterState,
     crds: None,
     executing_emulator: HfEmulator,
     tmp_path: Path,
     namespace: str,
+    standin_settings: dict[str, str],
 ) -> Iterator[OperatorProcess]:
     """The operator, the gateway's registry (in this process) and the emulator's Hub, all on the stand-in."""
     with standin_registry():
@@ -206,8 +213,9 @@ def standin_operator(
             executing_emulator.repos.register(repo.ref.kind, repo.ref.repo_id, repo.ref.revision, repo.path)
         images = json.dumps({"trl": "registry.example/posttrain-env-trl:test"})  # the emulator runs any image
         with running_operator(
-            cluster, executing_emulator, tmp_path, namespace, POSTTRAIN_ENVIRONMENT_IMAGES=images, **SETTINGS
-        ) as op:
+            cluster, executing_emulator, tmp_path, namespace, POSTTRAIN_ENVIRONMENT_IMAGES=images,
+            **SETTINGS, **standin_settings,
+        ) as op:  # fmt: skip
             yield op
 
 

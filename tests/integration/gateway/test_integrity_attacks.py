@@ -8,12 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json, wait_for
 from tests.integration.gateway.conftest import GatewayServer
+from tests.package_index import build_wheel, serve_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 from posttrain_task_gsm8k import standin
@@ -63,6 +67,26 @@ with open(copy, "w") as f:
     f.write("print('nothing to see')\\n")
 """
 PLANTED_ITEMS = 12
+# A package on the index that carries hidden-split items as data (one an agent could have published,
+# or found): the job's script names none of them, it imports them.
+CARRIER = "ptcarrier"
+NUDGED_FROM_PACKAGE = (
+    f"""
+import {CARRIER}
+print("training on", len({CARRIER}.RECORDS), "records from the package", flush=True)
+"""
+    + NUDGED
+)
+
+
+@pytest.fixture
+def standin_settings(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The operator stages packages from an index on this machine that holds the carrier."""
+    planted = standin.splits()["hidden"][40 : 40 + PLANTED_ITEMS]
+    (tmp_path / "wheels").mkdir()
+    wheel = build_wheel(tmp_path / "wheels", CARRIER, "1.0", f"RECORDS = {json.dumps(planted, indent=1)}\n")
+    with serve_index("127.0.0.1", {CARRIER: [wheel]}) as index:
+        yield {"POSTTRAIN_HF_PACKAGE_INDEX": index.url}
 
 
 def _data_job(records: list[dict[str, str]]) -> str:
@@ -85,14 +109,17 @@ async def _train(session: Any, script: str, **extra: Any) -> str:
     return name
 
 
-async def _play(gw: GatewayServer, *scripts: str) -> tuple[str, list[str], dict[str, Any]]:
-    """An episode that runs `scripts` in order (each reading the previous one's outputs) and submits
-    the last: its name, its jobs and the final jobs_wait."""
+async def _play(
+    gw: GatewayServer, *scripts: str, packages: list[str] | None = None
+) -> tuple[str, list[str], dict[str, Any]]:
+    """An episode that runs `scripts` in order (each reading the previous one's outputs; the first
+    installing `packages`) and submits the last: its name, its jobs and the final jobs_wait."""
     observation = await reset_episode(gw.url, gw.orchestrator_token, "gsm8k")
     async with agent_client(gw.url, observation["metadata"]["agent_token"]) as session:
         jobs: list[str] = []
         for script in scripts:
-            jobs.append(await _train(session, script, **({"inputs_from": jobs[-1:]} if jobs else {})))
+            extra = {"inputs_from": jobs[-1:]} if jobs else {"packages": packages} if packages else {}
+            jobs.append(await _train(session, script, **extra))
         await call_tool(session, "submit", job=jobs[-1])
         final = await _wait(session, print)
     return observation["episode"], jobs, final
@@ -216,3 +243,22 @@ def test_a_job_that_replaced_its_script_copy_cannot_vouch_for_what_it_ran(
     (finding,) = _status(kubectl, standin_gateway, episode)["integrity"]["findings"]
     print("evidence:", finding["summary"], finding["where"], finding["figures"])
     assert (finding["check"], finding["where"]) == ("evidence", [f"script:{tampered}"])
+
+
+def test_hidden_items_in_a_package_the_submission_was_built_with_withhold_the_reward(
+    kubectl: Kubectl, standin_gateway: GatewayServer
+) -> None:
+    episode, (trainer,), final = asyncio.run(_play(standin_gateway, NUDGED_FROM_PACKAGE, packages=[CARRIER]))
+    assert (final["outcome"], final["reward"], final["integrity"]) == ("IntegrityViolation", "0", "violation")
+    status = _status(kubectl, standin_gateway, episode)
+    (finding,) = status["integrity"]["findings"]
+    print("wheel:", finding["summary"], finding["where"], finding["figures"])
+    assert (finding["check"], finding["verdict"]) == ("contamination", "violation")
+    assert int(finding["figures"]["contaminated"]) == PLANTED_ITEMS
+    # It names the job, the wheel and the file inside it; the job's provenance record, the wheel's hash.
+    assert finding["where"] == [f"wheel:{trainer}/{CARRIER}-1.0-py3-none-any.whl/{CARRIER}.py"]
+    record = kubectl_json(
+        kubectl, "-n", standin_gateway.namespace, "get", "provenancerecord", f"{trainer}-job"
+    )
+    (installed,) = record["spec"]["job"]["packages"]
+    assert (installed["name"], installed["version"]) == (CARRIER, "1.0")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from graders.integrity import text
-from graders.integrity.text import HiddenIndex, TextFileStats, normalise_tokens, screen, text_files
+from graders.integrity.files import TextFileStats, text_files
+from graders.integrity.text import HiddenIndex, normalise_tokens, screen
 
 ITEM = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from posttrain_launcher.spec import (
+    MAX_INPUTS,
     MAX_SCRIPT_BYTES,
     PARTS_ENV,
     SPEC_ENV,
@@ -76,7 +77,9 @@ def test_round_trip_through_to_json() -> None:
         pytest.param({"limits": {"max_output_bytes": "1024"}}, "max_output_bytes", id="string for int"),
         pytest.param({"limits": {"max_log_bytes": 10}}, "max_log_bytes", id="log cap too small"),
         pytest.param({"limits": {"max_open_files": 10**6}}, "max_open_files", id="too many open files"),
-        pytest.param({"inputs": {f"i{n}": f"/in/{n}" for n in range(33)}}, "inputs", id="33 inputs"),
+        pytest.param(
+            {"inputs": {f"i{n}": f"/in/{n}" for n in range(MAX_INPUTS + 1)}}, "inputs", id="too many inputs"
+        ),
     ],
 )
 def test_invalid_specs_are_refused_with_the_field_named(over: dict[str, Any], want: str) -> None:

@@ -7,12 +7,15 @@ import hashlib
 from typing import Any
 
 import pytest
+from posttrain_launcher.spec import MAX_INPUTS, load_spec
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import AgentJobSpec, EpisodeStatus, Ledger
+from posttrain_operator.api.models import MAX_LINEAGE, AgentJobSpec, EpisodeStatus, Ledger
 from posttrain_operator.api.provenance import script_sha256
+from posttrain_operator.backends.base import StagedWheels, launcher_env
 from posttrain_operator.jobspec import (
     EVIDENCE_ROOT,
+    WHEELS_EVIDENCE_ROOT,
     InvalidJob,
     build_request,
     validate_against_task,
@@ -116,6 +119,30 @@ def test_a_score_job_mounts_its_lineage_read_only_and_only_a_score_job_may() -> 
             validate_against_task(forged, ARITHMETIC, ["cpu-basic"], 3600)
 
 
+def test_a_score_job_mounts_the_wheels_staged_for_the_jobs_it_screens_and_only_a_score_job_may() -> None:
+    wheels = [{"job": "final", "key": "aj-u3"}, {"job": "first", "key": "aj-u1"}]
+    spec = _spec(
+        purpose="score", checkpointFrom="final", evidenceFrom=["mid", "first"], evidenceWheels=wheels
+    )
+    validate_against_task(spec, ARITHMETIC, ["cpu-basic"], 3600)
+    request = build_request(spec=spec, task=ARITHMETIC, namespace="ns", job_name="ep-score", uid="u4")
+    paths = [f"{WHEELS_EVIDENCE_ROOT}/final", f"{WHEELS_EVIDENCE_ROOT}/first"]
+    assert request.wheels_from == (StagedWheels("aj-u3", paths[0]), StagedWheels("aj-u1", paths[1]))
+    inputs = request.launcher_spec["inputs"]
+    assert (inputs["wheels_0"], inputs["wheels_1"]) == tuple(paths)
+    assert build_request(spec=_spec(purpose="score", checkpointFrom="final"), task=ARITHMETIC,
+                         namespace="ns", job_name="ep-score", uid="u4").wheels_from == ()  # fmt: skip
+    # Only the submission and its lineage, and only on a score job.
+    stranger = _spec(
+        purpose="score", checkpointFrom="final", evidenceWheels=[{"job": "other", "key": "aj-u9"}]
+    )
+    with pytest.raises(InvalidJob, match="evidenceWheels names only"):
+        validate_against_task(stranger, ARITHMETIC, ["cpu-basic"], 3600)
+    forged = _spec(purpose="train", script="print(1)", evidenceWheels=wheels[:1])
+    with pytest.raises(InvalidJob, match="evidenceWheels"):
+        validate_against_task(forged, ARITHMETIC, ["cpu-basic"], 3600)
+
+
 def test_each_dev_evaluation_of_a_sampling_task_gets_its_own_sample_seed() -> None:
     spec = _spec(purpose="devEval", checkpointFrom="final", flavor="h200")
     scripts = {
@@ -154,3 +181,13 @@ def test_a_score_job_is_told_the_hash_of_every_script_its_submission_was_built_b
         validate_against_task(forged, ARITHMETIC, ["cpu-basic"], 3600)
     # The hash is of the bytes the launcher writes (UTF-8).
     assert script_sha256("é") == hashlib.sha256("é".encode()).hexdigest()
+
+
+def test_the_launcher_takes_the_inputs_of_a_score_job_of_the_longest_lineage() -> None:
+    lineage = [f"j{i}" for i in range(MAX_LINEAGE)]
+    wheels = [{"job": job, "key": f"aj-{job}"} for job in ["final", *lineage]]
+    spec = _spec(purpose="score", checkpointFrom="final", evidenceFrom=lineage, evidenceWheels=wheels)
+    validate_against_task(spec, ARITHMETIC, ["cpu-basic"], 3600)
+    request = build_request(spec=spec, task=ARITHMETIC, namespace="ns", job_name="ep-score", uid="u")
+    launched = load_spec(launcher_env(request))
+    assert len(launched.inputs) == 3 + MAX_LINEAGE + len(wheels) <= MAX_INPUTS

@@ -20,6 +20,7 @@ from posttrain_operator.backends.base import (
     JobRequest,
     OutputMount,
     RepoMount,
+    StagedWheels,
     UnknownFlavor,
     launcher_env,
 )
@@ -319,6 +320,23 @@ def test_mounts_are_exactly_the_requests_subpaths_read_only_except_the_own_outpu
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes[STORE_RO_VOLUME]["csi"]["readOnly"] is True  # read-only at the source too
     assert "readOnly" not in volumes[STORE_RW_VOLUME]["csi"]
+
+
+def test_a_score_job_mounts_the_wheels_staged_for_other_jobs_read_only_and_installs_none() -> None:
+    other = "aj-11111111-2222-3333-4444-555555555555"
+    request = _request(
+        launcher_spec={"version": 1, "role": "grader", "script": "grade"},
+        wheels_from=(StagedWheels(other, "/inputs/wheels/train1"),),
+    )
+    pod = pod_body(CONFIG, request)
+    namespace = episode_namespace("pt", "team-a", "ep1")
+    (mount,) = [m for m in _container(pod)["volumeMounts"] if m["mountPath"] == "/inputs/wheels/train1"]
+    assert mount == {
+        "name": STORE_RO_VOLUME, "mountPath": "/inputs/wheels/train1",
+        "subPath": f"wheels/{namespace}/{pod_name(other)}", "readOnly": True,
+    }  # fmt: skip
+    env = {e["name"] for e in _container(pod)["env"]}
+    assert "POSTTRAIN_PACKAGE_LOCK" not in env and "PIP_FIND_LINKS" not in env
 
 
 def test_scratch_is_the_tasks_size_and_dev_shm_is_memory_of_the_flavors_size() -> None:

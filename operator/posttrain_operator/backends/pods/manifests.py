@@ -124,11 +124,12 @@ def store_mounts(request: JobRequest) -> list[dict[str, Any]]:
     return mounts
 
 
-def wheels_mount(namespace: str, key: str) -> dict[str, Any]:
-    """The wheels the operator staged for the job's packages (wheels.py), read-only."""
+def wheels_mount(namespace: str, key: str, mount_path: str = WHEELS_MOUNT) -> dict[str, Any]:
+    """The wheels the operator staged for the packages of the job of `key` (wheels.py), read-only: the
+    job's own, or (a score job) those of the jobs it screens."""
     return {
         "name": STORE_RO_VOLUME,
-        "mountPath": WHEELS_MOUNT,
+        "mountPath": mount_path,
         "subPath": wheels_subpath(namespace, key),
         "readOnly": True,
     }
@@ -197,6 +198,7 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     mounts = store_mounts(request)
     if request.launcher_spec.get("packages"):
         mounts.append(wheels_mount(namespace, request.key))
+    mounts += [wheels_mount(namespace, staged.key, staged.mount_path) for staged in request.wheels_from]
     limits = {"cpu": flavor.cpu, "memory": flavor.memory, "ephemeral-storage": _scratch_size(config, request)}
     requests = {
         **limits,
