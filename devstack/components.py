@@ -41,6 +41,10 @@ def apiserver_args(run_dir: Path, etcd_url: str, port: int, audit_log: Path) -> 
         "--allow-privileged=true",
         f"--audit-policy-file={run_dir / 'audit-policy.yaml'}",
         f"--audit-log-path={audit_log}",
+        # Tests read the log from an offset; the default rotation at 100 MB moved a whole suite's
+        # entries out from under one of them. One run writes a few hundred MB at most.
+        "--audit-log-maxsize=4096",
+        "--audit-log-maxbackup=1",
         "--profiling=false",
         "--v=1",
     ]
