@@ -60,6 +60,8 @@ def cluster_config(image: str, mounts: dict[str, str] | None = None) -> dict[str
         patches.append(
             f'kind: ClusterConfiguration\netcd:\n  local:\n    imageTag: "{nodeimage.ETCD_IMAGE_TAG}"\n'
         )
+        # Its containerd gives pods cgroupfs paths (containerd-config.toml: what gVisor needs).
+        patches.append("kind: KubeletConfiguration\ncgroupDriver: cgroupfs\n")
     if kernel_lacks_sys_resource():
         patches.append("kind: KubeletConfiguration\noomScoreAdj: 0\n")
         patches.append("kind: KubeProxyConfiguration\noomScoreAdj: 0\n")

@@ -4,8 +4,8 @@ For machines that cannot pull `kindest/node`. The image is what kind expects of 
 PID 1 behind an entrypoint, containerd with CRI, kubelet/kubeadm/kubectl in /usr/bin, the Kubernetes
 version in /kind/version, and every image kubeadm needs already in containerd's `k8s.io` namespace
 (kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd, CoreDNS, pause), so
-`kind create cluster` never pulls. Its tag carries a key over all versions and recipe files: a warm
-call finds the image and does nothing.
+`kind create cluster` never pulls. Besides runc, containerd knows gVisor's `runsc` handler. Its tag
+carries a key over all versions and recipe files: a warm call finds the image and does nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from devstack import debian, oci, seccomp
+from devstack import debian, gvisor, oci, seccomp
 from devstack.build import BuildError, ensure_binaries, ensure_go_tool, ensure_node_binaries, log
 from devstack.paths import (
     COREDNS_VERSION,
@@ -69,13 +69,15 @@ def node_image_key() -> str:
         PAUSE_VERSION,
         KUBE_ROUTER_VERSION,
         KIND_VERSION,
+        gvisor.build_key(),
         seccomp.MOBY_SECCOMP_VERSION,
         debian.rootfs_key(NODE_PACKAGES),
         debian.base_key(),
     ):
         digest.update(part.encode() + b"\0")
     recipe = sorted(p for p in NODE_DIR.rglob("*") if p.is_file())
-    for path in [*recipe, RUNC_WRAPPER, Path(__file__), Path(oci.__file__), Path(seccomp.__file__)]:
+    sources = [Path(__file__), Path(oci.__file__), Path(seccomp.__file__), Path(gvisor.__file__)]
+    for path in [*recipe, RUNC_WRAPPER, *sources]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -187,6 +189,7 @@ def build_node_image() -> str:
             node / "kubeadm",
             node / "kubectl",
             ensure_go_tool("kube-router"),
+            *(gvisor.ensure_gvisor() / name for name in gvisor.COMMANDS),
         ):
             shutil.copy2(source, context / "bin" / source.name)
         log(f"docker build {stage}")
