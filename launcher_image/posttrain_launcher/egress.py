@@ -15,6 +15,7 @@ closed, for at most the bound; if any stays open the job is not started (exit 4)
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import socket
 import struct
@@ -205,6 +206,9 @@ def write_report(environ: Mapping[str, str], outcome: Outcome, network: Mapping[
     if not path:
         return
     report = outcome.report()
+    # Which kernel the job runs on, as the launcher saw it before any job code: gVisor reports its own.
+    uname = os.uname()
+    report["kernel"] = f"{uname.release} {uname.version}"
     if network is not None:
         report["network"] = dict(network)
     try:

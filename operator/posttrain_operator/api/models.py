@@ -412,6 +412,18 @@ class InstalledPackage(ApiModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 is the wheel's, as installed.")
 
 
+class JobRuntime(ApiModel):
+    runtime_class: str = Field(
+        alias="runtimeClass", max_length=253,
+        description="runtimeClass is the job pod's RuntimeClass; empty for the node's default runtime.",
+    )  # fmt: skip
+    kernel: str | None = Field(
+        default=None, max_length=256,
+        description="kernel is the kernel release and version the job's launcher saw before any job code "
+        "(gVisor reports its own); the job could rewrite it after.",
+    )  # fmt: skip
+
+
 class ScoreInterval(ApiModel):
     low: str = Field(max_length=16, description="low is the interval's lower end, a decimal string.")
     high: str = Field(max_length=16, description="high is the interval's upper end, a decimal string.")
@@ -488,6 +500,7 @@ class AgentJobStatus(ApiModel):
     network: NetworkMode | None = Field(
         default=None, description="network is the job's network mode (see the Episode's status.network)."
     )
+    runtime: JobRuntime | None = Field(default=None, description="runtime is where the job ran (pods).")
     lineage: list[JobName] = Field(
         default_factory=list,
         max_length=MAX_LINEAGE,

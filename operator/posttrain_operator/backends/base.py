@@ -132,6 +132,10 @@ class RemoteStatus:
     # closed (pods only): True verified, False open (the job did not run), None not reported.
     egress_verified: bool | None = None
     egress_message: str = ""
+    # Where the job's process ran (pods only): its pod's RuntimeClass ("" for the node's default), and
+    # the kernel its launcher saw before any job code (gVisor reports its own).
+    runtime_class: str | None = None
+    kernel: str = ""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from posttrain_operator.api.models import (
     EpisodeStatus,
     GradeResult,
     IntegrityFinding,
+    JobRuntime,
     ScoreInterval,
     status_of,
 )
@@ -207,6 +208,8 @@ def _seen_by_backend(ctx: Context, remote: RemoteStatus | None) -> dict[str, Any
     }
     if remote.exit_code is not None:
         seen["exit_code"] = remote.exit_code
+    if remote.runtime_class is not None:
+        seen["runtime"] = JobRuntime(runtime_class=remote.runtime_class, kernel=remote.kernel[:256] or None)
     return seen
 
 

@@ -48,6 +48,7 @@ PODS_BACKEND = (
     | _rules("cluster", "networking.k8s.io", "networkpolicies", "create", "list")
     | _rules("cluster", "", "pods", "get", "list", "create", "delete")
     | _rules("cluster", "", "pods/log", "get")
+    | _rules("cluster", "", "events", "list")  # a sandbox that cannot be made says so only there
 )
 
 
@@ -100,6 +101,7 @@ def test_operator_watching_listed_namespaces_gets_roles_there_only() -> None:
 def test_pods_backend_rules_exist_only_when_pods_are_enabled(default_docs: list[dict[str, Any]]) -> None:
     resources = {r[2] for r in granted(default_docs, OPERATOR_SA)}
     assert not resources & {"pods", "pods/log", "networkpolicies", "namespaces"}
+    assert ("cluster", "", "events", "list") not in granted(default_docs, OPERATOR_SA)
     enabled = render(PODS_VALUES)
     assert granted(enabled, OPERATOR_SA) == FRAMEWORK | application("cluster") | PODS_BACKEND
 

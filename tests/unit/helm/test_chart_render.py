@@ -418,6 +418,32 @@ def test_pods_backend_mounts_its_store_in_the_operator_only_when_enabled(
     assert [v["name"] for v in default["volumes"]] == ["tmp"]
 
 
+def test_runtime_classes_render_with_overhead_and_scheduling_and_bad_ones_are_refused() -> None:
+    gvisor = {
+        "name": "gvisor",
+        "handler": "runsc",
+        "overhead": {"podFixed": {"cpu": "100m", "memory": "200Mi"}},
+        "scheduling": {
+            "nodeSelector": {"sandbox.example/gvisor": "true"},
+            "tolerations": [{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+    kata = {"name": "kata", "handler": "kata"}
+    docs = render({**PODS_AND_HF, "pods": {**PODS, "runtimeClasses": [gvisor, kata]}})
+    rendered = one(docs, "RuntimeClass", "gvisor")
+    assert (rendered["apiVersion"], rendered["handler"]) == ("node.k8s.io/v1", "runsc")
+    assert rendered["overhead"] == gvisor["overhead"] and rendered["scheduling"] == gvisor["scheduling"]
+    assert set(one(docs, "RuntimeClass", "kata")) == {"apiVersion", "kind", "metadata", "handler"}
+    assert find(render(PODS_AND_HF), "RuntimeClass") == []  # none unless asked for
+    for bad, field in (
+        ({"name": "gvisor"}, "handler"),
+        ({"name": "Not_A_Name", "handler": "runsc"}, "name"),
+        ({"name": "gvisor", "handler": "runsc", "overhead": {"cpu": "1"}}, "overhead"),
+    ):
+        error = render_error({**PODS_AND_HF, "pods": {**PODS, "runtimeClasses": [bad]}})
+        assert "runtimeClasses/0" in error and field in error, error
+
+
 def test_pods_flavors_reach_the_operator_settings_as_rendered() -> None:
     flavors = {
         "cpu-basic": {"cpu": "1", "memory": "2Gi", "cpuRequest": "250m", "priceMicroUSDPerMinute": 167},

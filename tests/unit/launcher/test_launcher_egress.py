@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,7 @@ def test_the_report_carries_the_jobs_network_once_it_is_set_up(tmp_path: Path) -
         "rounds": 2,
         "seconds": 1.23,
         "open": [],
+        "kernel": f"{os.uname().release} {os.uname().version}",
         "network": network,
     }
     write_report({"POSTTRAIN_EGRESS_REPORT": str(report)}, outcome, None)  # refused: no job network

@@ -50,7 +50,7 @@ from posttrain_operator.backends.pods.names import (
     label_value,
     wheels_subpath,
 )
-from posttrain_operator.backends.pods.status import remote_status
+from posttrain_operator.backends.pods.status import missing_runtime, remote_status, waits_for_sandbox
 from posttrain_operator.backends.pods.store import (
     list_artifacts,
     prepare_output_dir,
@@ -307,16 +307,56 @@ class PodsBackend:
             ),
         )
         by_id = {_job_id(p): p for p in listed.get("items") or []}
+        known = self._cancelled.entries
+        waiting = [p for job_id, p in by_id.items() if job_id not in known and waits_for_sandbox(p)]
+        failed = await self._fail_missing_runtimes(waiting) if waiting else set()
         result: dict[str, RemoteStatus] = {}
         for handle in handles:
             job_id = handle.backend_job_id
-            if job_id in by_id:
+            if job_id in failed:
+                result[job_id] = self._cancelled.entries[job_id]
+            elif job_id in by_id:
                 result[job_id] = remote_status(by_id[job_id])
             elif job_id in self._cancelled.entries:
                 result[job_id] = self._cancelled.entries[job_id]
             else:
                 result[job_id] = RemoteStatus("lost", f"pod {job_id} no longer exists", raw_stage="Gone")
         return result
+
+    async def _fail_missing_runtimes(self, waiting: Sequence[dict[str, Any]]) -> set[str]:
+        """Pods whose node has no handler for their RuntimeClass: the kubelet retries for ever and
+        says why only in events. Each is failed (never started: nothing billed) and deleted."""
+        listed = await self._call(
+            "list_event_for_all_namespaces",
+            lambda: self._core.list_event_for_all_namespaces(
+                field_selector="involvedObject.kind=Pod,reason=FailedCreatePodSandBox",
+                _request_timeout=self._timeout,
+            ),
+        )
+        said: dict[str, list[str]] = {}
+        for event in listed.get("items") or []:
+            said.setdefault(event["involvedObject"].get("uid") or "", []).append(event.get("message") or "")
+        failed = set()
+        for pod in waiting:
+            status = missing_runtime(pod, said.get(pod["metadata"].get("uid") or "", []))
+            if status is None:
+                continue
+            job_id = _job_id(pod)
+            self._cancelled.put(job_id, status)  # read from here once the pod is gone
+            failed.add(job_id)
+            with contextlib.suppress(ApiException, BackendError):
+                await self._delete_pod(*_split_id(job_id))
+        return failed
+
+    async def _delete_pod(self, namespace: str, name: str) -> None:
+        await self._call(
+            "delete_namespaced_pod",
+            lambda: self._core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=self.config.cancel_grace_seconds,
+                _request_timeout=self._timeout,
+            ),
+            passthrough=(404,),
+        )  # fmt: skip
 
     # cancel -----------------------------------------------------------------------------------
 
@@ -339,16 +379,7 @@ class PodsBackend:
             ),
         )
         try:
-            await self._call(
-                "delete_namespaced_pod",
-                lambda: self._core.delete_namespaced_pod(
-                    name,
-                    namespace,
-                    grace_period_seconds=self.config.cancel_grace_seconds,
-                    _request_timeout=self._timeout,
-                ),
-                passthrough=(404,),
-            )
+            await self._delete_pod(namespace, name)
         except ApiException:
             return True
         return await self._confirm_gone(namespace, name)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from posttrain_operator.api.rules import parse_time
@@ -15,14 +16,20 @@ EXIT_EGRESS_OPEN = 4  # the launcher's code: egress open, no job code ran
 LAUNCHER_EXITS = {3: "exit code 3: the launcher stops a job whose outputs pass max_output_bytes"}
 
 
+def launcher_report(terminated: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the launcher left as the container's termination message (egress.py), if it is one."""
+    try:
+        report = json.loads(terminated.get("message") or "")
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
 def egress_report(terminated: Mapping[str, Any]) -> tuple[bool | None, str]:
     """The launcher's egress report, from the container's termination message. The job runs with the
     launcher's uid and could rewrite it, but only after the check passed: a forged report can only
     understate what was verified, and an open network never starts the job."""
-    try:
-        report = json.loads(terminated.get("message") or "")
-    except ValueError:
-        report = None
+    report = launcher_report(terminated)
     code = terminated.get("exitCode")
     if not isinstance(report, dict) or not isinstance(report.get("egressVerified"), bool):
         return (False, "egress check failed; no job code ran") if code == EXIT_EGRESS_OPEN else (None, "")
@@ -64,9 +71,11 @@ def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
         code = (terminated or {}).get("exitCode")
         exit_code = code if isinstance(code, int) else None
         egress, egress_message = egress_report(terminated or {})
+        kernel = (launcher_report(terminated or {}) or {}).get("kernel")
+        runtime = {"runtime_class": runtime_class(pod), "kernel": kernel if isinstance(kernel, str) else ""}
         if phase == "Succeeded":
             return RemoteStatus(
-                "succeeded", "", started, finished, "Succeeded", exit_code, egress, egress_message
+                "succeeded", "", started, finished, "Succeeded", exit_code, egress, egress_message, **runtime
             )
         parts = [egress_message] if egress is False else []
         if status.get("reason"):
@@ -86,6 +95,39 @@ def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
             exit_code,
             egress,
             egress_message,
+            **runtime,
         )
     # "Unknown": the node stopped reporting. The pod may still be running (and billing).
     return RemoteStatus("running", "the pod's node is not reporting", started, None, phase)
+
+
+def runtime_class(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("spec") or {}).get("runtimeClassName") or "")
+
+
+# What the kubelet's FailedCreatePodSandBox event says when the node's runtime has no handler for the
+# pod's RuntimeClass (containerd; CRI-O). Unlike a slow image or a busy node, it never clears.
+_NO_HANDLER = re.compile(
+    r'no runtime for "[^"]*" is configured|runtime handler \S+ (?:is not supported|from runtime list)', re.I
+)
+
+
+def waits_for_sandbox(pod: Mapping[str, Any]) -> bool:
+    """On a node, but its container not yet created: where a missing runtime handler leaves a pod."""
+    scheduled = bool((pod.get("spec") or {}).get("nodeName"))
+    return scheduled and remote_status(pod).raw_stage in ("Pending", "Pending/ContainerCreating")
+
+
+def missing_runtime(pod: Mapping[str, Any], events: Sequence[str]) -> RemoteStatus | None:
+    """A terminal failure when one of the pod's sandbox events says its node lacks the handler."""
+    said = next((message for message in events if _NO_HANDLER.search(message)), None)
+    if said is None:
+        return None
+    node, wanted = (pod.get("spec") or {}).get("nodeName"), runtime_class(pod)
+    why = f"node {node} has no runtime for the pod's RuntimeClass {wanted!r}; the job never started"
+    return RemoteStatus(
+        "failed",
+        f"{why}: {said[:800]}",
+        raw_stage="Failed/RuntimeHandlerMissing",
+        runtime_class=wanted,
+    )
