@@ -104,6 +104,7 @@ class TaskPublicView(BaseModel):
     grader_job_limits: JobLimits
     grader_flavor: str | None
     requires_loopback: bool
+    requires_sandbox: bool
     agent_environment: str | None
     grader_environment: str | None
     allowed_packages: list[str] | None
@@ -133,6 +134,10 @@ class Task(BaseModel):
     # Its jobs need TCP/UDP on loopback (torchrun, vLLM): a backend that cannot give it refuses the
     # episode at its start (NetworkUnavailable) rather than run jobs that cannot work.
     requires_loopback: bool = False
+    # Its jobs must run under a sandboxing runtime (gVisor, Kata): every flavor the episode may use
+    # must be one the platform marks so (pods.sandboxRuntimeClasses), else the episode is refused at
+    # its start (SandboxUnavailable). HF Jobs has none.
+    requires_sandbox: bool = False
     # The environment image its agent and its grader jobs run in, by name (the chart maps each name
     # to an image per backend: `environments`); None: the launcher's own image. A backend without
     # the image refuses the episode at its start (EnvironmentUnavailable).
@@ -189,6 +194,7 @@ class Task(BaseModel):
             grader_job_limits=self.grader_job_limits,
             grader_flavor=self.grader_flavor,
             requires_loopback=self.requires_loopback,
+            requires_sandbox=self.requires_sandbox,
             agent_environment=self.agent_environment,
             grader_environment=self.grader_environment,
             allowed_packages=sorted(self.allowed_packages) if self.allowed_packages is not None else None,

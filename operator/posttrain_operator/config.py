@@ -117,6 +117,9 @@ class OperatorSettings(BaseSettings):
     # The Localhost seccomp profile on the job nodes that lets each loopback job's launcher make its
     # user and network namespace (holding lo alone) after the egress check. None: jobs are AF_UNIX only.
     pods_loopback_seccomp_profile: str | None = None
+    # The RuntimeClasses that sandbox a job from its node's kernel (gVisor, Kata): a flavor naming one
+    # may run the jobs of a task that requires a sandbox (Task.requires_sandbox).
+    pods_sandbox_runtime_classes: list[str] = Field(default_factory=lambda: ["gvisor"])
 
     # The internal broker API (logs, artifacts) that only the gateway's ServiceAccount may call.
     broker_host: str = "0.0.0.0"

@@ -39,6 +39,7 @@ EPISODE_ENDED = "EpisodeEnded"
 CANCEL_UNCONFIRMED = "CancelUnconfirmed"
 UNKNOWN_TASK = "UnknownTask"
 NETWORK_UNAVAILABLE = "NetworkUnavailable"
+SANDBOX_UNAVAILABLE = "SandboxUnavailable"
 PROBES_CLOSED = "ProbesClosed"
 EGRESS_OPEN = "EgressOpen"
 

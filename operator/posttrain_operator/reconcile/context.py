@@ -82,6 +82,14 @@ class Context:
         except KeyError:
             raise BackendNotEnabled(name, sorted(self.backends)) from None
 
+    def sandboxed_flavors(self, backend: str) -> frozenset[str]:
+        """The flavors of `backend` whose jobs run under a sandboxing runtime (pods only)."""
+        if backend != "pods":
+            return frozenset()
+        sandboxes = set(self.settings.pods_sandbox_runtime_classes)
+        flavors = self.settings.pods_flavors.items()
+        return frozenset(name for name, f in flavors if f.runtime_class_name in sandboxes)
+
     def job_network(self, backend: str) -> JobNetwork:
         """What agent jobs on `backend` may do on the network, and why."""
         if backend == "hf-jobs" and self.settings.hf_jobs_loopback:

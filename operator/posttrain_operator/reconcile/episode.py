@@ -20,6 +20,7 @@ from posttrain_operator.api.rules import (
     allowed_flavors,
     episode_owner,
     format_time,
+    grader_flavor,
     jobs_running,
     limits_in_force,
     parse_time,
@@ -102,6 +103,17 @@ async def reconcile_episode(
                 why = f"{spec.backend}: {network.reason}"
                 message = f"task {task.name}'s jobs need loopback networking; {why}"
                 await fail_episode(ctx, body, status, cond.NETWORK_UNAVAILABLE, message)
+                return
+        if status.phase in (None, "Pending") and task.requires_sandbox:
+            used = dict.fromkeys([*allowed_flavors(spec, task), grader_flavor(spec, task)])  # graders too
+            bare = [f for f in used if f not in ctx.sandboxed_flavors(spec.backend)]
+            if bare:
+                message = (
+                    f"task {task.name}'s jobs must run under a sandboxing runtime; on {spec.backend}, "
+                    f"flavor(s) {', '.join(bare)} do not (pods.sandboxRuntimeClasses: "
+                    f"{', '.join(ctx.settings.pods_sandbox_runtime_classes) or 'none'})"
+                )
+                await fail_episode(ctx, body, status, cond.SANDBOX_UNAVAILABLE, message)
                 return
         missing = sorted(task.environments() - set(ctx.settings.environment_images))
         if status.phase in (None, "Pending") and missing:

@@ -435,6 +435,12 @@ def test_runtime_classes_render_with_overhead_and_scheduling_and_bad_ones_are_re
     assert rendered["overhead"] == gvisor["overhead"] and rendered["scheduling"] == gvisor["scheduling"]
     assert set(one(docs, "RuntimeClass", "kata")) == {"apiVersion", "kind", "metadata", "handler"}
     assert find(render(PODS_AND_HF), "RuntimeClass") == []  # none unless asked for
+    # Which of them sandbox a job (what a task that requires a sandbox may run on) reaches the operator.
+    for given, want in (({}, ["gvisor"]), ({"sandboxRuntimeClasses": ["gvisor", "kata"]}, ["gvisor", "kata"])):
+        spec = one(render({**PODS_AND_HF, "pods": {**PODS, **given}}), "Deployment", f"{FULL}-operator")
+        env = container_env(spec["spec"]["template"]["spec"]["containers"][0])
+        raw = json.loads(env["POSTTRAIN_PODS_SANDBOX_RUNTIME_CLASSES"]["value"])
+        assert OperatorSettings.model_validate({"pods_sandbox_runtime_classes": raw}).pods_sandbox_runtime_classes == want
     for bad, field in (
         ({"name": "gvisor"}, "handler"),
         ({"name": "Not_A_Name", "handler": "runsc"}, "name"),

@@ -627,6 +627,45 @@ def test_pods_jobs_get_loopback_only_where_the_nodes_have_its_seccomp_profile(
     assert world.ctx.job_network("hf-jobs").mode == "unix"  # the other backend is unchanged
 
 
+@pytest.mark.parametrize(
+    ("backend", "grader_flavor", "refused"),
+    [("hf-jobs", None, "flavor(s) cpu-basic do not"), ("pods", None, None), ("pods", "cpu-runc", "cpu-runc")],
+)
+async def test_a_task_needing_a_sandbox_starts_only_where_every_flavor_it_uses_has_one(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+    grader_flavor: str | None,
+    refused: str | None,
+) -> None:
+    from posttrain_operator.config import PodFlavor
+    from posttrain_operator.reconcile import episode
+
+    from graders.tasks import get_task
+
+    needing = get_task("t0_artifact").model_copy(
+        update={"requires_sandbox": True, "default_flavors": ["cpu-basic"], "grader_flavor": grader_flavor}
+    )
+    monkeypatch.setattr(episode, "get_task", lambda _name: needing)
+    world.ctx.backends["pods"] = world.backend
+    world.ctx.settings.pods_flavors = {
+        "cpu-basic": PodFlavor(runtime_class_name="gvisor"),
+        "cpu-runc": PodFlavor(),
+        "gpu-nvidia": PodFlavor(runtime_class_name="nvidia"),  # a RuntimeClass that sandboxes nothing
+    }
+    assert world.ctx.sandboxed_flavors("pods") == {"cpu-basic"}
+    assert world.ctx.sandboxed_flavors("hf-jobs") == set()
+    world.episode(backend=backend)
+    await reconcile_episode(world.ctx, NS, "ep")
+    status = world.status("episodes", "ep")
+    if refused is None:
+        assert status["phase"] == "Running", status
+        return
+    assert (status["phase"], status["conditions"][-1]["reason"]) == ("Failed", "SandboxUnavailable")
+    assert f"t0_artifact's jobs must run under a sandboxing runtime; on {backend}" in status["message"]
+    assert refused in status["message"] and "pods.sandboxRuntimeClasses: gvisor" in status["message"]
+
+
 @pytest.mark.parametrize("mapped", [False, True])
 async def test_a_task_in_an_environment_image_runs_only_where_the_operator_has_that_image(
     world: World, mapped: bool
