@@ -176,8 +176,10 @@ def _is_up(name: str) -> bool:
 
 def _bring_up(name: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        flags = _flags(sock, name) | _IFF_UP
-        fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH", name.encode(), flags))
+        flags = _flags(sock, name)
+        if flags & _IFF_UP:
+            return  # gVisor makes a new namespace's lo up already (and has no SIOCSIFFLAGS)
+        fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH", name.encode(), flags | _IFF_UP))
 
 
 def _add_address(interface: str, address: str) -> None:
