@@ -82,9 +82,7 @@ def build_filter(network: str = "unix") -> seccomp.SyscallFilter:
     action; on x86_64 libseccomp also sends syscall numbers with the x32 bit (0x40000000) there.
     io_uring is refused because its operations (IORING_OP_SOCKET, ...) bypass the socket rule.
     """
-    flt = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
-    # KILL (thread) would leave the other threads of a threaded job running.
-    flt.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
+    flt = _kill_process_on_bad_arch()
     deny = seccomp.ERRNO(errno.EACCES)
     flt.add_rule(deny, "socketpair", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
     if network == "loopback":
@@ -98,6 +96,22 @@ def build_filter(network: str = "unix") -> seccomp.SyscallFilter:
     for flag in CLONE_NAMESPACE_FLAGS:
         flt.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     flt.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    return flt
+
+
+def _kill_process_on_bad_arch() -> seccomp.SyscallFilter:
+    """A filter whose foreign-ABI action kills the process: KILL (thread) would leave the other
+    threads of a threaded job running. libseccomp asks the kernel which actions it has (API level
+    3); gVisor's kernel has KILL_PROCESS but does not answer that question, so libseccomp assumes an
+    older one and refuses it. Level 3 is then asserted: a kernel truly without it refuses the filter
+    when it is loaded, and the job does not run."""
+    flt = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    try:
+        flt.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
+    except OSError:
+        seccomp.set_api(3)
+        flt = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+        flt.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
     return flt
 
 
