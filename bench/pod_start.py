@@ -2,9 +2,14 @@
 
     python bench/pod_start.py --kubeconfig KUBECONFIG [--namespace posttrain-e2e] [--rounds 5]
     python bench/pod_start.py --kubeconfig KUBECONFIG --jobs 20   # pods-backend job pods
+    python bench/pod_start.py --kubeconfig KUBECONFIG --jobs 20 --flavors cpu-basic,cpu-gvisor
+    python bench/pod_start.py --kubeconfig KUBECONFIG --train 2 --flavors cpu-basic,cpu-gvisor
 
 Job pods (`--jobs N`, the chart installed with `pods.enabled`): one Episode with `backend: pods`
-and N train AgentJobs created one after another, each a script that prints the time it starts.
+and N train AgentJobs per flavor created one after another (the flavors taking turns), each a script
+that prints the time it starts; the first flavor is the baseline of the ratio (runc against gVisor:
+two flavors that differ in `runtimeClassName` only). `--train N`: the arithmetic task's CPU
+fine-tune, N per flavor, timed per optimizer step.
 Per job: AgentJob created (here) -> pod created (its creationTimestamp, whole seconds) -> script
 start (the script's own clock: the node shares this machine's), and the launcher's egress check
 (the seconds it reports in its log, between container start and the script).
@@ -119,33 +124,52 @@ def _wait(
     raise TimeoutError(f"{kind} {name} did not finish in {timeout}s")
 
 
-def job_pods(kubeconfig: Path, namespace: str, count: int) -> list[dict[str, float]]:
+def _episode(kubeconfig: Path, namespace: str, task: str, flavors: list[str], jobs: int) -> str:
     episode = f"bench-pods-{uuid.uuid4().hex[:6]}"
     _apply(kubeconfig, namespace, {
         "apiVersion": "posttrain.dev/v1alpha1", "kind": "Episode", "metadata": {"name": episode},
-        "spec": {"task": "t0_artifact", "budgetUSD": "1.00", "backend": "pods", "agentTokenHash": "0" * 64,
-                 "limits": {"maxSteps": count + 5, "maxWallSeconds": 3600}},
+        "spec": {"task": task, "budgetUSD": "5.00", "backend": "pods", "agentTokenHash": "0" * 64,
+                 "flavors": flavors, "limits": {"maxSteps": jobs + 5, "maxWallSeconds": 7200}},
     })  # fmt: skip
     _wait(kubeconfig, namespace, "episode", episode, lambda s: s.get("phase") == "Running")
-    samples = []
+    return episode
+
+
+def _run_job(
+    kubeconfig: Path, namespace: str, episode: str, name: str, script: str, flavor: str, timeout: int
+) -> tuple[float, dict[str, Any], dict[str, Any], str]:
+    """One train job, created and waited for: (created at, its AgentJob, its pod, its log)."""
+    created = time.time()
+    _apply(kubeconfig, namespace, {
+        "apiVersion": "posttrain.dev/v1alpha1", "kind": "AgentJob", "metadata": {"name": name},
+        "spec": {"episode": episode, "purpose": "train", "script": script, "flavor": flavor,
+                 "timeoutSeconds": timeout},
+    })  # fmt: skip
+    job = _wait(
+        kubeconfig, namespace, "agentjob", name, lambda s: s.get("phase") in ("Succeeded", "Failed"), timeout
+    )
+    if job["status"]["phase"] != "Succeeded":
+        raise RuntimeError(f"{name} ({flavor}) failed: {job['status'].get('message')}")
+    pod_ns, pod_name = job["status"]["backendJobId"].split("/")
+    pod = json.loads(kubectl(kubeconfig, "-n", pod_ns, "get", "pod", pod_name, "-o", "json"))
+    return created, job, pod, kubectl(kubeconfig, "-n", pod_ns, "logs", pod_name)
+
+
+def job_pods(kubeconfig: Path, namespace: str, count: int, flavors: list[str]) -> list[dict[str, Any]]:
+    """`count` jobs per flavor, the flavors taking turns, so each sees the same machine."""
+    episode = _episode(kubeconfig, namespace, "t0_artifact", flavors, count * len(flavors))
+    samples: list[dict[str, Any]] = []
     try:
-        for i in range(count):
-            name = f"{episode}-{i}"
-            created = time.time()
-            _apply(kubeconfig, namespace, {
-                "apiVersion": "posttrain.dev/v1alpha1", "kind": "AgentJob", "metadata": {"name": name},
-                "spec": {"episode": episode, "purpose": "train", "script": JOB_SCRIPT, "flavor": "cpu-basic",
-                         "timeoutSeconds": 120},
-            })  # fmt: skip
-            job = _wait(
-                kubeconfig, namespace, "agentjob", name, lambda s: s.get("phase") in ("Succeeded", "Failed")
+        for i in range(count * len(flavors)):
+            flavor = flavors[i % len(flavors)]
+            created, job, pod, logs = _run_job(
+                kubeconfig, namespace, episode, f"{episode}-{i}", JOB_SCRIPT, flavor, 120
             )
-            pod_ns, pod_name = job["status"]["backendJobId"].split("/")
-            pod = json.loads(kubectl(kubeconfig, "-n", pod_ns, "get", "pod", pod_name, "-o", "json"))
-            logs = kubectl(kubeconfig, "-n", pod_ns, "logs", pod_name)
             start = float(re.search(r"script-start ([\d.e+]+)", logs).group(1))  # type: ignore[union-attr]
             egress = EGRESS_LINE.search(logs)
             samples.append({
+                "flavor": flavor,
+                "runtime": (job["status"].get("runtime") or {}).get("runtimeClass") or "default",
                 "job_to_script": start - created,
                 "pod_to_script": start - _ts(pod["metadata"]["creationTimestamp"]),
                 "egress": float(egress.group(3)) if egress else math.nan,
@@ -154,6 +178,44 @@ def job_pods(kubeconfig: Path, namespace: str, count: int) -> list[dict[str, flo
     finally:
         kubectl(kubeconfig, "-n", namespace, "delete", "episode", episode, "--wait=false")
     return samples
+
+
+TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_arithmetic_sft.py"
+STEP_LINE = re.compile(r"^step (\d+) .*\((\d+)s\)$", re.M)
+
+
+def train_steps(kubeconfig: Path, namespace: str, rounds: int, flavors: list[str]) -> list[dict[str, Any]]:
+    """The t0_arithmetic_format fine-tune (examples/train_arithmetic_sft.py), `rounds` per flavor in
+    turns: seconds per optimizer step from its own log (its last progress line: steps, elapsed)."""
+    episode = _episode(kubeconfig, namespace, "t0_arithmetic_format", flavors, rounds * len(flavors))
+    samples: list[dict[str, Any]] = []
+    try:
+        for i in range(rounds * len(flavors)):
+            flavor = flavors[i % len(flavors)]
+            _, job, _, logs = _run_job(
+                kubeconfig, namespace, episode, f"{episode}-{i}", TRAIN_SCRIPT.read_text(), flavor, 1800
+            )
+            steps, elapsed = (int(g) for g in STEP_LINE.findall(logs)[-1])
+            samples.append({
+                "flavor": flavor,
+                "runtime": (job["status"].get("runtime") or {}).get("runtimeClass") or "default",
+                "step_seconds": elapsed / steps,
+                "steps": steps,
+            })  # fmt: skip
+    finally:
+        kubectl(kubeconfig, "-n", namespace, "delete", "episode", episode, "--wait=false")
+    return samples
+
+
+def _by_flavor(samples: list[dict[str, Any]], key: str, label: str, flavors: list[str]) -> None:
+    """One line per flavor, and each flavor's p50 over the first one's (the baseline) in this run."""
+    baseline = statistics.median(s[key] for s in samples if s["flavor"] == flavors[0])
+    for flavor in flavors:
+        values = [s[key] for s in samples if s["flavor"] == flavor]
+        runtime = next(s["runtime"] for s in samples if s["flavor"] == flavor)
+        p50 = statistics.median(values)
+        print(f"{label:28} {flavor:12} {runtime:8} {len(values):>3} {p50:>6.2f}s "
+              f"{percentile(values, 0.99):>6.2f}s {max(values):>6.2f}s {p50 / baseline:>6.2f}x")  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -169,19 +231,30 @@ def main() -> None:
     parser.add_argument("--namespace", default="posttrain-e2e")
     parser.add_argument("--release", default="pt")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--jobs", type=int, default=0, help="measure N pods-backend job pods instead")
+    parser.add_argument("--jobs", type=int, default=0, help="measure N pods-backend job pods (per flavor)")
+    parser.add_argument("--train", type=int, default=0, help="measure N arithmetic fine-tunes (per flavor)")
+    parser.add_argument(
+        "--flavors",
+        default="cpu-basic",
+        help="comma-separated; the first is the baseline (e.g. cpu-basic,cpu-gvisor)",
+    )
     args = parser.parse_args()
+    flavors = args.flavors.split(",")
+    header = f"{'':28} {'flavor':12} {'runtime':8} {'n':>3} {'p50':>7} {'p99':>7} {'max':>7} {'p50/base':>7}"
+    if args.train:
+        print(header)
+        _by_flavor(train_steps(args.kubeconfig, args.namespace, args.train, flavors), "step_seconds",
+                   "arithmetic SFT, s per step", flavors)  # fmt: skip
+        return
     if args.jobs:
-        samples = job_pods(args.kubeconfig, args.namespace, args.jobs)
-        print(f"{'job pods':28} {'n':>3} {'p50':>6} {'p99':>6} {'max':>6}")
+        samples = job_pods(args.kubeconfig, args.namespace, args.jobs, flavors)
+        print(header)
         for key, label in (
             ("job_to_script", "AgentJob created -> script"),
             ("pod_to_script", "pod created -> script"),
             ("egress", "egress check (launcher)"),
         ):
-            values = [s[key] for s in samples]
-            print(f"{label:28} {len(values):>3} {statistics.median(values):>5.1f}s "
-                  f"{percentile(values, 0.99):>5.1f}s {max(values):>5.1f}s")  # fmt: skip
+            _by_flavor(samples, key, label, flavors)
         retried = sum(1 for s in samples if s["egress_rounds"] > 1)
         print(f"egress checks that found something open in their first round (policy not yet in place): "
               f"{retried}/{len(samples)}")  # fmt: skip
