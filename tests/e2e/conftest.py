@@ -92,6 +92,31 @@ POD_FLAVORS: dict[str, dict[str, Any]] = {
 }
 
 
+# The pods tests run once per job runtime: the node's default (runc), then gVisor's runsc through the
+# RuntimeClass the chart installs and every flavor naming it (the platform's choice, per flavor).
+JOB_RUNTIMES = ("runc", "gvisor")
+GVISOR_CLASS = {
+    "name": "gvisor",
+    "handler": "runsc",
+    # The sandbox's own memory (its kernel, the gofer) is charged to the pod: the scheduler counts it.
+    "overhead": {"podFixed": {"cpu": "50m", "memory": "128Mi"}},
+}
+# A RuntimeClass whose handler no node has: its pods can never start.
+ABSENT_CLASS = {"name": "absent", "handler": "absent"}
+# Flavors that keep their runtime in both passes: gVisor beside runc in one run (bench/pod_start.py),
+# and one naming the absent class.
+FIXED_RUNTIME_FLAVORS: dict[str, dict[str, Any]] = {
+    "cpu-gvisor": {**POD_FLAVORS["cpu-basic"], "runtimeClassName": GVISOR_CLASS["name"]},
+    "cpu-absent-runtime": {
+        "cpu": "1",
+        "cpuRequest": "100m",
+        "memory": "1Gi",
+        "priceMicroUSDPerMinute": 167,
+        "runtimeClassName": ABSENT_CLASS["name"],
+    },
+}
+
+
 def say(config: pytest.Config, text: str) -> None:
     """Print past pytest's capture: what `make e2e` must show (nodes, pods, helm test, reward)."""
     capture = config.pluginmanager.get_plugin("capturemanager")
@@ -137,6 +162,8 @@ class Release:
     orchestrator_token: str
     operator_image: str
     install_seconds: float
+    values: dict[str, Any]
+    job_runtime: str = "runc"
 
     def kubectl(self, *args: str, **kwargs: Any) -> str:
         return self.cluster.kubectl("-n", self.namespace, *args, **kwargs)
@@ -345,7 +372,8 @@ def e2e_values(
             "enabled": True,
             "image": launcher_image,
             "storeVolume": {"hostPath": {"path": STORE_IN_NODE, "type": "Directory"}},
-            "flavors": POD_FLAVORS,
+            "flavors": {**POD_FLAVORS, **FIXED_RUNTIME_FLAVORS},
+            "runtimeClasses": [GVISOR_CLASS, ABSENT_CLASS],
             "egressCheck": {
                 "probes": [{"name": "canary", "host": canary.host, "port": canary.port}] if canary else []
             },
@@ -398,31 +426,17 @@ def release(
         orchestrator_token = secrets.token_urlsafe(24)
     for name, value in () if reused else (("hf-token", HF_TOKEN), ("orchestrator", orchestrator_token)):
         cluster.kubectl("-n", NAMESPACE, "create", "secret", "generic", name, f"--from-literal=token={value}")
-    values = Path(tempfile.mkdtemp(prefix="e2e-values-")) / "values.yaml"
     pull_policy = "Never" if cluster.is_kind else "IfNotPresent"
-    values.write_text(
-        yaml.safe_dump(
-            e2e_values(
-                operator_image,
-                hf_emulator.url,
-                pull_policy,
-                launcher_image,
-                canary,
-                package_index.url,
-                environment_images,
-            )
-        )
+    values = e2e_values(
+        operator_image,
+        hf_emulator.url,
+        pull_policy,
+        launcher_image,
+        canary,
+        package_index.url,
+        environment_images,
     )
-    started = time.monotonic()
-    proc = cluster.helm(
-        "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values),
-        "--wait", "--timeout", "8m",
-    )  # fmt: skip
-    install_seconds = time.monotonic() - started
-    if proc.returncode != 0:
-        pods = cluster.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide", check=False)
-        events = cluster.kubectl("-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp", check=False)
-        pytest.fail(f"helm install failed: {proc.stderr}\n{pods}\n{events[-4000:]}")
+    install_seconds = install_chart(cluster, values)
     say(
         request.config,
         f"\nhelm install --wait: {install_seconds:.0f}s\n"
@@ -440,15 +454,45 @@ def release(
         timeout=60, what="the task policy to admit a registered task",
     )  # fmt: skip
     try:
-        yield Release(cluster, NAMESPACE, orchestrator_token, operator_image, install_seconds)
+        yield Release(cluster, NAMESPACE, orchestrator_token, operator_image, install_seconds, values)
     finally:
-        values.unlink(missing_ok=True)
-        values.parent.rmdir()
         if os.environ.get("E2E_KEEP_CLUSTER") == "1":
             say(request.config, f"\nkept: release {RELEASE} in {NAMESPACE}, KUBECONFIG={cluster.kubeconfig}")
         else:
             cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
             cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def install_chart(cluster: Cluster, values: dict[str, Any]) -> float:
+    """`helm upgrade --install --wait` with these values; returns the seconds it took."""
+    with tempfile.TemporaryDirectory(prefix="e2e-values-") as tmp:
+        path = Path(tmp) / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        started = time.monotonic()
+        proc = cluster.helm(
+            "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(path),
+            "--wait", "--timeout", "8m",
+        )  # fmt: skip
+    if proc.returncode != 0:
+        pods = cluster.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide", check=False)
+        events = cluster.kubectl("-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp", check=False)
+        pytest.fail(f"helm install failed: {proc.stderr}\n{pods}\n{events[-4000:]}")
+    return time.monotonic() - started
+
+
+def use_job_runtime(release: Release, runtime: str) -> None:
+    """Every pods flavor on `runtime` ("runc": the node's default; "gvisor": the chart's RuntimeClass),
+    by a chart upgrade, as a platform team would switch them (a kept release may be on either)."""
+    flavors = {
+        name: {**flavor, "runtimeClassName": GVISOR_CLASS["name"]} if runtime == "gvisor" else flavor
+        for name, flavor in POD_FLAVORS.items()
+    }
+    values = {
+        **release.values,
+        "pods": {**release.values["pods"], "flavors": {**flavors, **FIXED_RUNTIME_FLAVORS}},
+    }
+    install_chart(release.cluster, values)
+    release.values, release.job_runtime = values, runtime
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from tests.checkpoint_jobs import BIG_CHECKPOINT, RESUMED
 from tests.e2e.conftest import (
     GATEWAY_SERVICE,
     HOLD_LABEL,
+    JOB_RUNTIMES,
     POD_FLAVORS,
     PROBE_DEPENDENCY,
     PROBE_DEPENDENCY_VERSION,
@@ -32,6 +33,7 @@ from tests.e2e.conftest import (
     port_forward,
     run_probe_pod,
     say,
+    use_job_runtime,
 )
 from tests.e2e.test_chart_in_cluster import _connect_script
 from tests.gsm8k_standin import standin_registry
@@ -46,10 +48,12 @@ pytestmark = pytest.mark.timeout(2400)
 PRICE = int(POD_FLAVORS["cpu-basic"]["priceMicroUSDPerMinute"])
 
 
-@pytest.fixture
-def pods_release(release: Release) -> Release:
+@pytest.fixture(scope="module", params=JOB_RUNTIMES)
+def pods_release(request: pytest.FixtureRequest, release: Release) -> Release:
+    """The release with its flavors on one job runtime: every test here runs under runc, then gVisor."""
     if not release.cluster.is_kind:
         pytest.skip("the pods backend is enabled on the kind cluster only (its store is a hostPath)")
+    use_job_runtime(release, request.param)
     return release
 
 
@@ -68,6 +72,19 @@ def _play(request: pytest.FixtureRequest, release: Release, task: str) -> script
     return result
 
 
+GVISOR_KERNEL = "4.19.0-gvisor"  # what gVisor's kernel reports as its release
+
+
+def _assert_ran_on_its_runtime(release: Release, status: dict[str, Any]) -> None:
+    """The job's pod had the pass's RuntimeClass, and its launcher saw that runtime's kernel."""
+    runtime = status["runtime"]
+    if release.job_runtime == "gvisor":
+        assert runtime["runtimeClass"] == "gvisor" and runtime["kernel"].startswith(GVISOR_KERNEL), runtime
+    else:
+        node = release.cluster.json("get", "nodes")["items"][0]["status"]["nodeInfo"]["kernelVersion"]
+        assert runtime["runtimeClass"] == "" and runtime["kernel"].startswith(node), (runtime, node)
+
+
 def _assert_settled_from_pod_run_time(release: Release, episode: str) -> dict[str, Any]:
     """Every job ran as a pod of the episode's namespace; the Episode paid, for each agent job, its
     container's run time (started to finished, per started minute) at the flavor's price."""
@@ -83,6 +100,7 @@ def _assert_settled_from_pod_run_time(release: Release, episode: str) -> dict[st
         assert st["backend"] == "pods" and "/" in st["backendJobId"], st
         seconds = billed_seconds(parse_time(st["startedAt"]), parse_time(st["finishedAt"]))
         assert st["billedSeconds"] == seconds > 0, st
+        _assert_ran_on_its_runtime(release, st)
         if job["spec"]["purpose"] != "score":
             expected += cost_for(int(POD_FLAVORS[job["spec"]["flavor"]]["priceMicroUSDPerMinute"]), seconds)
     assert ledger["settledMicroUSD"] == expected, (ledger, [j["status"] for j in jobs])
@@ -157,6 +175,14 @@ def netlink_route_write():  # RTM_NEWADDR: an address of the pod's network on lo
             raise OSError(-code, "RTM_NEWADDR")
 attempt("netlink route write", netlink_route_write)
 found["interfaces"] = sorted(name for _, name in socket.if_nameindex())
+found["kernel"] = " ".join(os.uname()[2:4])
+def dmesg():  # syslog(SYSLOG_ACTION_READ_ALL): the kernel's log, where the runtime lets a job read it
+    buffer = ctypes.create_string_buffer(1 << 16)
+    size = libc.klogctl(3, buffer, len(buffer))
+    if size < 0:
+        raise OSError(ctypes.get_errno(), "klogctl")
+    return buffer.raw[:size].decode(errors="replace").splitlines()[:2]
+attempt("dmesg", dmesg)
 with open(os.path.join(os.environ["POSTTRAIN_OUTPUT_DIR"], "result.json"), "w") as fh:
     json.dump(found, fh)
 """
@@ -281,6 +307,14 @@ def test_a_hostile_job_is_refused_everywhere(
         request.config, "\n[pods] hostile job:\n" + "\n".join(f"  {k}: {v}" for k, v in sorted(found.items()))
     )
     assert found.pop("interfaces") == ["lo"]
+    # `uname` and `dmesg` inside the job: the node's kernel under runc; gVisor's own under runsc.
+    kernel, dmesg = found.pop("kernel"), found.pop("dmesg")
+    _assert_ran_on_its_runtime(release, status)
+    assert kernel == status["runtime"]["kernel"]
+    if release.job_runtime == "gvisor":
+        assert dmesg.startswith("open") and "Starting gVisor" in dmesg, dmesg
+    else:
+        assert dmesg == "refused: EPERM", dmesg  # the host kernel's log is not the job's to read
     assert len(found) == 10 + 3 + 2 * len(targets) + 3
     assert {k for k, v in found.items() if v.startswith("open")} == LOOPBACK_SOCKETS, found
     for name, outcome in found.items():
@@ -346,6 +380,50 @@ def test_a_missing_policy_fails_the_job_closed_before_any_job_code(pods_release:
     assert not (outputs / "ran").exists()
     episode_status = release.json("get", "episode", episode)["status"]
     assert episode_status["egress"] == {"verified": 0, "open": 1}, episode_status
+
+
+def test_a_flavor_whose_runtime_the_node_lacks_fails_its_job_unbilled_and_the_episode_goes_on(
+    pods_release: Release,
+) -> None:
+    """`cpu-absent-runtime` names a RuntimeClass whose handler no node has: the kubelet retries its
+    sandbox for ever and says why only in an event. The job fails with those words, charged nothing,
+    its pod removed; the next job of the same Episode runs."""
+    release = pods_release
+    if release.job_runtime != "runc":
+        pytest.skip("once: the flavor names its own RuntimeClass in either pass")
+    script = "import os\nopen(os.environ['POSTTRAIN_OUTPUT_DIR'] + '/ran', 'w').write('yes')\n"
+    with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
+
+        async def play() -> tuple[str, str, str]:
+            observation = await scripted_sft_agent.reset_episode(
+                gateway,
+                release.orchestrator_token,
+                "t0_artifact",
+                "pods",
+                flavors=["cpu-basic", "cpu-absent-runtime"],
+            )
+            token, episode = observation["metadata"]["agent_token"], observation["episode"]
+            async with scripted_sft_agent.agent_client(gateway, token) as session:
+                call = functools.partial(scripted_sft_agent.call_tool, session, "jobs_submit", script=script)
+                stuck = (await call(timeout_seconds=300, flavor="cpu-absent-runtime"))["job"]["name"]
+                await asyncio.to_thread(_finished, release, stuck)
+                after = (await call(timeout_seconds=300, flavor="cpu-basic"))["job"]["name"]
+            return episode, stuck, after
+
+        episode, stuck, after = asyncio.run(play())
+    status = _finished(release, stuck)
+    assert (status["phase"], status["backendStage"]) == ("Failed", "Failed/RuntimeHandlerMissing"), status
+    assert "has no runtime for the pod's RuntimeClass 'absent'" in status["message"], status["message"]
+    assert 'no runtime for "absent" is configured' in status["message"]  # the kubelet's own words
+    assert (status["billedSeconds"], status["settledMicroUSD"]) == (0, 0), status
+    assert status["runtime"] == {"runtimeClass": "absent"}, status
+    namespace, pod = status["backendJobId"].split("/")
+    wait_for(
+        lambda: not release.cluster.kubectl("-n", namespace, "get", "pod", pod, "--ignore-not-found").strip(),
+        timeout=120, interval=1, what=f"the stuck pod {pod} deleted",
+    )  # fmt: skip
+    assert _finished(release, after)["phase"] == "Succeeded"
+    assert release.json("get", "episode", episode)["status"]["phase"] == "Running"
 
 
 def test_packages_are_staged_by_the_operator_and_installed_with_no_egress(
@@ -551,7 +629,12 @@ def test_a_job_reads_an_earlier_jobs_outputs_and_loads_data_with_workers_over_de
     assert status["phase"] == "Succeeded", (status, logs)
     assert status["lineage"] == [first]
     result = json.loads(logs["lines"][-1].removeprefix("finished "))
-    assert result["shm_bytes"] == 768 << 20  # the flavor's shmSize, not the runtime's 64 MiB
+    if release.job_runtime == "gvisor":
+        # The sandbox's own tmpfs: statvfs reports its size, not the volume's; what a job puts there
+        # is the sandbox's memory, held by the pod's cgroup.
+        assert result["shm_bytes"] > 768 << 20, result
+    else:
+        assert result["shm_bytes"] == 768 << 20  # the flavor's shmSize, not the runtime's 64 MiB
     assert result["total"] == sum(range(64)) * 4096 and result["read_only"]
     assert "posttrain-job.log" in {a["path"] for a in status["artifacts"]}
 
