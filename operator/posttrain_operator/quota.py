@@ -167,12 +167,17 @@ def _refusal(status: BudgetQuotaStatus, amount: int) -> str:
 def release(
     status: BudgetQuotaStatus, terms: QuotaTerms, job: str, now: datetime
 ) -> BudgetQuotaStatus | None:
-    """Drop `job`'s reservation without a charge: the job was refused by its Episode, or never ran.
-    None when it holds none. Its period still counts it as admitted to the quota."""
-    if job not in status.reservations:
+    """Drop `job`'s reservation without a charge: its Episode refused it, or it never ran. None when
+    it holds none."""
+    entry = status.reservations.get(job)
+    if entry is None:
         return None
-    rest = {name: entry for name, entry in status.reservations.items() if name != job}
-    return with_totals(status.model_copy(update={"reservations": rest}), terms, now)
+    rest = {name: e for name, e in status.reservations.items() if name != job}
+    records = [
+        r.model_copy(update={"jobs": max(0, r.jobs - 1)}) if r.period == entry.period else r
+        for r in status.periods
+    ]
+    return with_totals(status.model_copy(update={"reservations": rest, "periods": records}), terms, now)
 
 
 def settle(

@@ -124,7 +124,7 @@ PROVENANCE_SPEC_RULES = [
 ]
 BUDGETQUOTA_SPEC_RULES = [
     {
-        "rule": "self.period == 'Rolling' ? has(self.windowDays) : !has(self.windowDays)",
+        "rule": "has(self.period) && self.period == 'Rolling' ? has(self.windowDays) : !has(self.windowDays)",
         "message": "windowDays is required with period Rolling and refused otherwise",
     },
 ]

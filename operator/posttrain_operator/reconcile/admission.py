@@ -11,6 +11,7 @@ name, so a pass retried after a crash finds its own reservation and changes noth
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -334,19 +335,28 @@ async def _admit(
         await _reject(ctx, job, status, price)
         return None
     amount = ledger_math.reservation_for(price, spec.timeout_seconds)
-    if held is not None:
-        refusal = await reserve_on_quota(
-            ctx, meta["namespace"], held, meta["name"], spec.episode, amount, platform=platform
-        )
-        if refusal:
-            await _reject(ctx, job, status, Rejection(cond.QUOTA_EXCEEDED, refusal))
-            return None
     max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
     dev_limit = task.integrity.dev_evaluations.max_calls
-    update = await _reserve(ctx, job, spec, episode, amount, max_concurrent, dev_limit, watched=watched)
+    reserve = functools.partial(
+        _reserve, ctx, job, spec, episode, amount, max_concurrent, dev_limit, watched=watched
+    )
+    if held is None:
+        update = await reserve()
+    else:
+        # The namespace's admissions take turns: a quota reservation its Episode then refuses is
+        # released before any other admission sees it, so none is refused for headroom it only
+        # seemed to lack.
+        async with ctx.locks("quota", meta["namespace"]):
+            refusal = await reserve_on_quota(
+                ctx, meta["namespace"], held, meta["name"], spec.episode, amount, platform=platform
+            )
+            if refusal:
+                await _reject(ctx, job, status, Rejection(cond.QUOTA_EXCEEDED, refusal))
+                return None
+            update = await reserve()
+            if update.result is not None:  # released before the job is Rejected: a pass stopped
+                await release_on_quota(ctx, meta["namespace"], meta["name"])  # in between does it again
     if update.result is not None:
-        if held is not None:  # before the job is Rejected: a pass stopped in between does it again
-            await release_on_quota(ctx, meta["namespace"], meta["name"])
         await _reject(ctx, job, status, update.result)
         return None
     reserved = 0 if platform else amount

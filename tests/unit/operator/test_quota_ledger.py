@@ -78,6 +78,7 @@ def test_a_release_frees_the_reservation_without_a_charge() -> None:
     assert status is not None and status.remaining_micro_usd == 0
     released = quota.release(status, t, "j", DEC_31)
     assert released is not None and released.remaining_micro_usd == 1000 and released.settled_micro_usd == 0
+    assert released.periods[0].jobs == 0
     assert quota.release(released, t, "j", DEC_31) is None
 
 
