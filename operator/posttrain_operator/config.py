@@ -150,6 +150,10 @@ class OperatorSettings(BaseSettings):
 
     poll_interval_seconds: float = Field(default=10.0, gt=0)
     episode_tick_seconds: float = Field(default=2.0, gt=0)
+    # The namespaces the operator serves (kopf's --namespace); empty: all of them.
+    watch_namespaces: list[str] = Field(default_factory=list)
+    # How often each BudgetQuota's figures are refreshed and its unsettled reservations reviewed.
+    quota_tick_seconds: float = Field(default=10.0, gt=0)
     # How long after an Episode ends its provenance summary waits for the gateway's last tool calls.
     provenance_grace_seconds: float = Field(default=60.0, ge=0)
     orphan_retry_initial_seconds: float = Field(default=5.0, gt=0)

@@ -31,6 +31,7 @@ from posttrain_operator.reconcile.episode import reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.judging import apply_judge_finding
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
+from posttrain_operator.reconcile.quotas import keep_quotas
 from posttrain_operator.runtime import build_context, check_backends, publish_registered_tasks, serve_metrics
 
 EPISODES = (GROUP, VERSION, "episodes")
@@ -116,6 +117,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         memo.broker = await broker.serve(memo.ctx)
     memo.active = ActiveJobs()
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
+    memo.quotas = asyncio.create_task(keep_quotas(memo.ctx))
     log.info("posttrain-operator started with backends: %s", ", ".join(memo.ctx.backends) or "none")
 
 
@@ -129,7 +131,7 @@ def _lost_leadership(why: str) -> None:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for task in (memo.poller, getattr(memo, "keeper", None)):
+    for task in (memo.poller, memo.quotas, getattr(memo, "keeper", None)):
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -17,7 +17,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from posttrain_operator.api.judging import JudgeFindingStatus
-from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, EpisodeStatus, status_of
+from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, ApiModel, EpisodeStatus, status_of
+from posttrain_operator.api.quota import QUOTA_NAME, BudgetQuotaStatus
 from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
 from posttrain_operator.client_environment import read_environment_once
 
@@ -26,9 +27,10 @@ MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "posttrain-operator"
 CAS_ATTEMPTS = 20
 T = TypeVar("T")
-# A compare-and-swap callback: from the Episode as read and its status, the status to write (None:
+S = TypeVar("S", bound=ApiModel)
+# A compare-and-swap callback: from the object as read and its status, the status to write (None:
 # nothing to write) and a result for the caller. It may run several times, so it must be pure.
-Mutate = Callable[[dict[str, Any], EpisodeStatus], tuple[EpisodeStatus | None, T]]
+Mutate = Callable[[dict[str, Any], S], tuple[S | None, T]]
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,14 @@ class Conflict(RuntimeError):
 
 
 @dataclass(frozen=True)
-class EpisodeUpdate(Generic[T]):
-    body: dict[str, Any]  # the Episode as written, or as read when there was nothing to write
-    status: EpisodeStatus
+class StatusUpdate(Generic[S, T]):
+    body: dict[str, Any]  # the object as written, or as read when there was nothing to write
+    status: S
     written: bool
     result: T  # what the last run of the callback returned
+
+
+EpisodeUpdate = StatusUpdate[EpisodeStatus, T]
 
 
 async def make_api_client() -> client.ApiClient:
@@ -86,9 +91,7 @@ class Kube:
         self.custom = custom
         self.core = core
         self.auth = auth
-        # Ledger writers in this process take turns per Episode, so the compare-and-swap only
-        # ever races with other processes (the gateway's step counter), never with itself.
-        self._episode_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._status_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
 
     @classmethod
     def connect(cls, api_client: client.ApiClient) -> Kube:
@@ -133,42 +136,71 @@ class Kube:
         return items
 
     async def update_episode_status(
-        self, namespace: str, name: str, mutate: Mutate[T], *, seen: dict[str, Any] | None = None
-    ) -> EpisodeUpdate[T]:
-        """Compare-and-swap on the Episode's status: read, mutate, replace with the read's
-        resourceVersion, and start over from a fresh read on a conflict. `seen`, the Episode as this
-        pass already read it, saves the first read (a stale copy only costs a retry)."""
-        async with self._episode_locks.setdefault((namespace, name), asyncio.Lock()):
-            return await self._update_episode_status(namespace, name, mutate, seen)
+        self,
+        namespace: str,
+        name: str,
+        mutate: Mutate[EpisodeStatus, T],
+        *,
+        seen: dict[str, Any] | None = None,
+    ) -> StatusUpdate[EpisodeStatus, T]:
+        """Compare-and-swap on the Episode's status (see `_update_status`)."""
+        return await self._update_status("episodes", EpisodeStatus, namespace, name, mutate, seen)
 
-    async def _update_episode_status(
-        self, namespace: str, name: str, mutate: Mutate[T], seen: dict[str, Any] | None
-    ) -> EpisodeUpdate[T]:
-        for attempt in range(CAS_ATTEMPTS):
-            body = seen if seen is not None and attempt == 0 else await self.get_episode(namespace, name)
-            if body is None:
-                raise LookupError(f"episode {namespace}/{name} not found")
-            body = dict(body)
-            current = status_of(EpisodeStatus, body.get("status"))
-            new, result = mutate(body, current)
-            if new is None:
-                return EpisodeUpdate(body, current, False, result)
-            body["status"] = {**(body.get("status") or {}), **new.wire()}
-            for cleared in set(current.wire()) - set(new.wire()):
-                body["status"].pop(cleared, None)
-            try:
-                written: dict[str, Any] = await self.custom.replace_namespaced_custom_object_status(
-                    GROUP, VERSION, namespace, "episodes", name, body
-                )
-            except ApiException as exc:
-                if exc.status == 409:
-                    if attempt == 0 and seen is not None:
-                        continue  # the copy this pass had was stale: read afresh at once
-                    await asyncio.sleep(random.uniform(0, 0.01 * 2 ** min(attempt, 6)))
-                    continue
-                raise
-            return EpisodeUpdate(written, new, True, result)
-        raise Conflict(f"episode {namespace}/{name}: status update lost {CAS_ATTEMPTS} races in a row")
+    async def update_quota_status(
+        self, namespace: str, mutate: Mutate[BudgetQuotaStatus, T], *, seen: dict[str, Any] | None = None
+    ) -> StatusUpdate[BudgetQuotaStatus, T]:
+        """Compare-and-swap on the namespace's BudgetQuota status (see `_update_status`)."""
+        return await self._update_status(
+            "budgetquotas", BudgetQuotaStatus, namespace, QUOTA_NAME, mutate, seen
+        )
+
+    async def get_quota(self, namespace: str) -> dict[str, Any] | None:
+        return await self._get("budgetquotas", namespace, QUOTA_NAME)
+
+    async def namespaces_with_quotas(self) -> list[str]:
+        """The namespaces that hold a BudgetQuota (one cluster-wide list)."""
+        result = await self.custom.list_cluster_custom_object(GROUP, VERSION, "budgetquotas")
+        return sorted({item["metadata"]["namespace"] for item in result["items"]})
+
+    async def _update_status(
+        self,
+        plural: str,
+        model: type[S],
+        namespace: str,
+        name: str,
+        mutate: Mutate[S, T],
+        seen: dict[str, Any] | None,
+    ) -> StatusUpdate[S, T]:
+        """Read, mutate, replace with the read's resourceVersion, and start over from a fresh read on a
+        conflict. `seen`, the object as this pass already read it, saves the first read (a stale copy
+        only costs a retry). Writers in this process take turns per object, so the compare-and-swap
+        only ever races with other processes (the gateway's step counter, say), never with itself."""
+        async with self._status_locks.setdefault((plural, namespace, name), asyncio.Lock()):
+            for attempt in range(CAS_ATTEMPTS):
+                body = seen if seen is not None and attempt == 0 else await self._get(plural, namespace, name)
+                if body is None:
+                    raise LookupError(f"{plural} {namespace}/{name} not found")
+                body = dict(body)
+                current = status_of(model, body.get("status"))
+                new, result = mutate(body, current)
+                if new is None:
+                    return StatusUpdate(body, current, False, result)
+                body["status"] = {**(body.get("status") or {}), **new.wire()}
+                for cleared in set(current.wire()) - set(new.wire()):
+                    body["status"].pop(cleared, None)
+                try:
+                    written: dict[str, Any] = await self.custom.replace_namespaced_custom_object_status(
+                        GROUP, VERSION, namespace, plural, name, body
+                    )
+                except ApiException as exc:
+                    if exc.status == 409:
+                        if attempt == 0 and seen is not None:
+                            continue  # the copy this pass had was stale: read afresh at once
+                        await asyncio.sleep(random.uniform(0, 0.01 * 2 ** min(attempt, 6)))
+                        continue
+                    raise
+                return StatusUpdate(written, new, True, result)
+        raise Conflict(f"{plural} {namespace}/{name}: status update lost {CAS_ATTEMPTS} races in a row")
 
     async def patch_agentjob_status(
         self, namespace: str, name: str, status: AgentJobStatus, *, partial: bool = False

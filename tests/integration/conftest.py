@@ -41,7 +41,7 @@ def crds(kubectl: Kubectl) -> None:
 
 def install_crds(kubectl: Kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    for crd in ("episodes.posttrain.dev", "agentjobs.posttrain.dev"):
+    for crd in ("episodes.posttrain.dev", "agentjobs.posttrain.dev", "budgetquotas.posttrain.dev"):
         # Right after the apply the CRD may have no conditions yet, which `kubectl wait` calls an error.
         wait_for(
             lambda crd=crd: kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s",

@@ -141,9 +141,14 @@ in each watched namespace.
 - apiGroups: ["posttrain.dev"]
   resources: ["provenancerecords"]
   verbs: ["list", "create"]
-# Application: the ledger is a compare-and-swap (replace) of Episode status; job status is patched.
+# Application: each namespace's BudgetQuota, read at admission and kept current (never its spec).
 - apiGroups: ["posttrain.dev"]
-  resources: ["episodes/status"]
+  resources: ["budgetquotas"]
+  verbs: ["get", "list"]
+# Application: the ledgers are compare-and-swaps (replace) of Episode and BudgetQuota status; job
+# status is patched.
+- apiGroups: ["posttrain.dev"]
+  resources: ["episodes/status", "budgetquotas/status"]
   verbs: ["update"]
 - apiGroups: ["posttrain.dev"]
   resources: ["agentjobs/status", "judgefindings/status"]

@@ -16,10 +16,14 @@ ENDED = "Ended"  # Episode: Completed or Failed
 FINISHED = "Finished"  # AgentJob: Succeeded, Failed, Cancelled or Rejected
 BACKEND_READY = "BackendReady"  # Episode: its backend's credentials were accepted at the last check
 EGRESS_VERIFIED = "EgressVerified"  # AgentJob (pods): its pod found every probed address closed
+OVER_LIMIT = "OverLimit"  # BudgetQuota: the window's spend is above a limit lowered since
 
 # Reasons (PascalCase, stable: clients match on them).
 ORPHANED_JOBS = "OrphanedJobs"
 BUDGET_EXCEEDED = "BudgetExceeded"
+QUOTA_EXCEEDED = "QuotaExceeded"  # the namespace's BudgetQuota has no room for the job
+NOT_IN_QUOTA = "NotInQuota"  # the BudgetQuota does not allow the flavor, backend or budget
+QUOTA_INVALID = "QuotaInvalid"  # the BudgetQuota cannot be applied: nothing is admitted
 EPISODE_NOT_FOUND = "EpisodeNotFound"
 EPISODE_NOT_RUNNING = "EpisodeNotRunning"
 INVALID_JOB = "InvalidJob"

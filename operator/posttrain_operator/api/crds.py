@@ -1,4 +1,4 @@
-"""Generate the Episode, AgentJob and JudgeFinding CRDs from the pydantic models.
+"""Generate the CRDs (Episode, AgentJob, JudgeFinding, ProvenanceRecord, BudgetQuota) from the models.
 
 `python -m posttrain_operator.api.crds --write DIR` writes them; `--check DIR` fails on drift. The
 schemas are structural and strict (no preserve-unknown-fields on spec); immutability is CEL.
@@ -25,6 +25,7 @@ from posttrain_operator.api.models import (
     EpisodeStatus,
 )
 from posttrain_operator.api.provenance import ProvenanceSpec
+from posttrain_operator.api.quota import QUOTA_NAME, BudgetQuotaSpec, BudgetQuotaStatus
 
 _DROPPED_KEYS = {"title", "default", "additionalProperties", "$defs"}
 
@@ -119,6 +120,18 @@ PROVENANCE_SPEC_RULES = [
         "!has(self.job) && !has(self.submission)) : ((!has(self.toolCalls) || size(self.toolCalls) == 0) "
         "&& has(self.job) != has(self.submission))",
         "message": "a gateway record holds tool calls only; an operator record one job or the submission",
+    },
+]
+BUDGETQUOTA_SPEC_RULES = [
+    {
+        "rule": "has(self.period) && self.period == 'Rolling' ? has(self.windowDays) : !has(self.windowDays)",
+        "message": "windowDays is required with period Rolling and refused otherwise",
+    },
+]
+BUDGETQUOTA_RULES = [
+    {
+        "rule": f"self.metadata.name == '{QUOTA_NAME}'",
+        "message": f"a namespace has one BudgetQuota, named {QUOTA_NAME}",
     },
 ]
 # Rules over the whole object (they see metadata.name).
@@ -282,7 +295,27 @@ def render() -> dict[str, dict[str, Any]]:
         "submission (format posttrain.dev/provenance/v1).",
         selectable=(".spec.episode",),
     )
+    budgetquota = _crd(
+        "BudgetQuota",
+        "budgetquotas",
+        ["bq"],
+        BudgetQuotaSpec,
+        BudgetQuotaStatus,
+        BUDGETQUOTA_SPEC_RULES,
+        [
+            _col("Window", ".status.window"),
+            _col("Limit", ".spec.limitUSD"),
+            _col("Spent", ".status.spentUSD"),
+            _col("Remaining", ".status.remainingUSD"),
+            _col("Period", ".spec.period", priority=1),
+            age,
+        ],
+        "BudgetQuota is a namespace's dollar quota per period, and the flavors, backends and Episode "
+        "budgets it allows (docs/quotas.md).",
+        object_rules=BUDGETQUOTA_RULES,
+    )
     return {
+        f"{GROUP}_budgetquotas.yaml": budgetquota,
         f"{GROUP}_episodes.yaml": episode,
         f"{GROUP}_agentjobs.yaml": agentjob,
         f"{GROUP}_judgefindings.yaml": judgefinding,

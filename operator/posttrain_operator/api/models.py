@@ -7,7 +7,7 @@ camelCase (the aliases).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -525,7 +525,10 @@ class AgentJobStatus(ApiModel):
     )
 
 
-def status_of(model: type[EpisodeStatus] | type[AgentJobStatus], raw: dict[str, Any] | None) -> Any:
+StatusModel = TypeVar("StatusModel", bound=BaseModel)
+
+
+def status_of(model: type[StatusModel], raw: dict[str, Any] | None) -> StatusModel:
     """Parse a status, keeping only fields we own (kopf adds its own bookkeeping keys)."""
     known = {f.alias or name for name, f in model.model_fields.items()}
     return model.model_validate({k: v for k, v in (raw or {}).items() if k in known})

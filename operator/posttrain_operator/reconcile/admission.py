@@ -11,6 +11,7 @@ name, so a pass retried after a crash finds its own reservation and changes noth
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from graders.tasks import Task, UnknownTaskError, get_task
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
-from posttrain_operator.api.money import micro_to_usd
+from posttrain_operator.api.money import micro_to_usd, usd_to_micro
 from posttrain_operator.api.rules import (
     InvalidInputs,
     allowed_flavors,
@@ -35,6 +36,14 @@ from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_aga
 from posttrain_operator.k8s import EpisodeUpdate
 from posttrain_operator.reconcile.context import BackendNotEnabled, Context
 from posttrain_operator.reconcile.jobs import Retry, admitting_phases, adopt, with_condition, write_job_status
+from posttrain_operator.reconcile.quotas import (
+    NamespaceQuota,
+    QuotaInvalid,
+    not_in_quota,
+    read_quota,
+    release_on_quota,
+    reserve_on_quota,
+)
 from posttrain_operator.reconcile.submission import Admission, resume_submission, submit_admitted
 
 
@@ -228,6 +237,21 @@ async def _decide(
     return episode, decided
 
 
+async def _quota(
+    ctx: Context, namespace: str, ep_spec: EpisodeSpec, spec: AgentJobSpec, *, platform: bool
+) -> NamespaceQuota | Rejection | None:
+    """The namespace's BudgetQuota, None when it has none, or why it refuses the job outright (a
+    grader job is the platform's: only the dollar figures record it)."""
+    try:
+        held = await read_quota(ctx, namespace)
+    except QuotaInvalid as exc:
+        return Rejection(cond.QUOTA_INVALID, str(exc))
+    if held is None or platform:
+        return held
+    why = not_in_quota(held.terms, ep_spec.backend, usd_to_micro(ep_spec.budget_usd), spec.flavor)
+    return Rejection(cond.NOT_IN_QUOTA, why) if why else held
+
+
 def _count_admission(ctx: Context, job: dict[str, Any], spec: AgentJobSpec, reserved: int) -> None:
     ctx.metrics.reserved.inc(reserved)
     created = parse_time(job["metadata"].get("creationTimestamp"))
@@ -301,15 +325,37 @@ async def _admit(
     if isinstance(lineage, Rejection):
         await _reject(ctx, job, status, lineage)
         return None
+    platform = spec.purpose == "score"
+    held = await _quota(ctx, meta["namespace"], ep_spec, spec, platform=platform)
+    if isinstance(held, Rejection):
+        await _reject(ctx, job, status, held)
+        return None
     price = await _price(ctx, job, status, ep_spec.backend, spec.flavor)
     if isinstance(price, Rejection):
         await _reject(ctx, job, status, price)
         return None
     amount = ledger_math.reservation_for(price, spec.timeout_seconds)
-    platform = spec.purpose == "score"
     max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
     dev_limit = task.integrity.dev_evaluations.max_calls
-    update = await _reserve(ctx, job, spec, episode, amount, max_concurrent, dev_limit, watched=watched)
+    reserve = functools.partial(
+        _reserve, ctx, job, spec, episode, amount, max_concurrent, dev_limit, watched=watched
+    )
+    if held is None:
+        update = await reserve()
+    else:
+        # The namespace's admissions take turns: a quota reservation its Episode then refuses is
+        # released before any other admission sees it, so none is refused for headroom it only
+        # seemed to lack.
+        async with ctx.locks("quota", meta["namespace"]):
+            refusal = await reserve_on_quota(
+                ctx, meta["namespace"], held, meta["name"], spec.episode, amount, platform=platform
+            )
+            if refusal:
+                await _reject(ctx, job, status, Rejection(cond.QUOTA_EXCEEDED, refusal))
+                return None
+            update = await reserve()
+            if update.result is not None:  # released before the job is Rejected: a pass stopped
+                await release_on_quota(ctx, meta["namespace"], meta["name"])  # in between does it again
     if update.result is not None:
         await _reject(ctx, job, status, update.result)
         return None

@@ -35,6 +35,7 @@ from posttrain_operator.jobspec import output_prefix
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.jobs import with_condition, write_job_status
 from posttrain_operator.reconcile.orphan_records import without_orphan
+from posttrain_operator.reconcile.quotas import settle_on_quota
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +182,13 @@ async def _settle(
     try:
         update = await ctx.kube.update_episode_status(namespace, episode, settle)
     except LookupError:
-        log.info("episode of %s/%s is gone; nothing to settle", namespace, name)
+        log.info("episode of %s/%s is gone; nothing to settle on it", namespace, name)
+        await settle_on_quota(ctx, namespace, name, cost)
         return cost
     if update.written:
         ctx.metrics.settled.labels("agent").inc(update.result.agent)
         ctx.metrics.settled.labels("platform").inc(update.result.platform)
+    await settle_on_quota(ctx, namespace, name, cost)  # after the Episode: its ledger is the record
     return update.result.charged
 
 

@@ -31,8 +31,9 @@ async def test_a_current_copy_saves_the_episode_read() -> None:
 
     assert (await admit(world))["phase"] == "Running"
     assert list(world.ledger()["entries"]) == ["j1"]
-    # The job is read; its Episode is not: the ledger write is the first call about it.
-    assert world.api.calls["get_namespaced_custom_object"] == 1
+    # The job and the namespace's BudgetQuota (none here) are read; its Episode is not: the ledger
+    # write is the first call about it.
+    assert world.api.calls["get_namespaced_custom_object"] == 2
     assert world.api.calls["replace_namespaced_custom_object_status"] == 1
     owners = world.api.obj("agentjobs", NS, "j1")["metadata"]["ownerReferences"]
     assert [(o["kind"], o["name"]) for o in owners] == [("Episode", "ep")]
