@@ -90,11 +90,11 @@ class EpisodeView:
 
     @property
     def flavors(self) -> list[str]:
-        return rules.allowed_flavors(self.spec, self.task)
+        return rules.allowed_flavors(self.spec, self.task, self.status)
 
     @property
     def grader_flavor(self) -> str:
-        return rules.grader_flavor(self.spec, self.task)
+        return rules.grader_flavor(self.spec, self.task, self.status)
 
     @property
     def max_steps(self) -> int:

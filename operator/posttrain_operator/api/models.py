@@ -296,6 +296,11 @@ class EpisodeStatus(ApiModel):
     scoring_job: str | None = Field(
         default=None, description="scoringJob names the operator's hidden-split grader AgentJob."
     )
+    flavors: list[str] | None = Field(
+        default=None, max_length=16,
+        description="flavors are the flavors its jobs may use, fixed when it starts where its namespace's "
+        "BudgetQuota lists flavors: its own or its task's, narrowed to the quota's, in order.",
+    )  # fmt: skip
     conditions: list[Condition] = Field(
         default_factory=list, max_length=MAX_CONDITIONS,
         description="conditions: Ready, Ended (terminal: kubectl wait --for=condition=Ended), BackendReady, "

@@ -114,14 +114,17 @@ def limits_in_force(spec: EpisodeSpec, task: TaskDefaults) -> Limits:
     )
 
 
-def allowed_flavors(spec: EpisodeSpec, task: TaskDefaults) -> list[str]:
-    """The flavors jobs may use, in order of preference (the first is the default)."""
+def allowed_flavors(spec: EpisodeSpec, task: TaskDefaults, status: EpisodeStatus | None = None) -> list[str]:
+    """The flavors jobs may use, in order of preference (the first is the default): those fixed at start
+    within the namespace's quota, else the Episode's own, else its task's."""
+    if status is not None and status.flavors:
+        return list(status.flavors)
     return list(spec.flavors or task.default_flavors)
 
 
-def grader_flavor(spec: EpisodeSpec, task: TaskDefaults) -> str:
+def grader_flavor(spec: EpisodeSpec, task: TaskDefaults, status: EpisodeStatus | None = None) -> str:
     """The flavor of the episode's dev and score grader jobs: the task's, else the first allowed."""
-    return task.grader_flavor or allowed_flavors(spec, task)[0]
+    return task.grader_flavor or allowed_flavors(spec, task, status)[0]
 
 
 class InvalidInputs(ValueError):

@@ -75,9 +75,9 @@ def decide_admission(
         task = get_task(ep_spec.task)
     except UnknownTaskError as exc:
         return Rejection(cond.INVALID_JOB, str(exc))
-    flavors = allowed_flavors(ep_spec, task)
-    if spec.purpose != "train" and grader_flavor(ep_spec, task) not in flavors:
-        flavors.append(grader_flavor(ep_spec, task))
+    flavors = allowed_flavors(ep_spec, task, ep_status)
+    if spec.purpose != "train" and grader_flavor(ep_spec, task, ep_status) not in flavors:
+        flavors.append(grader_flavor(ep_spec, task, ep_status))
     max_timeout = limits_in_force(ep_spec, task).max_job_timeout_seconds
     if spec.purpose == "score":
         max_timeout = max(max_timeout, spec.timeout_seconds)

@@ -40,6 +40,7 @@ from posttrain_operator.reconcile.ending import (
     settle_ended,
 )
 from posttrain_operator.reconcile.orphans import collect_orphans
+from posttrain_operator.reconcile.quotas import QuotaInvalid, read_quota
 from posttrain_operator.reconcile.scoring import check_scoring, start_scoring
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,9 @@ async def reconcile_episode(
             await fail_episode(ctx, body, status, cond.ENVIRONMENT_UNAVAILABLE, message)
             return
         if status.phase in (None, "Pending"):
-            await _start(ctx, body, spec, status, task)
+            flavors = await _flavors_in_quota(ctx, body, spec, status, task)
+            if flavors != []:
+                await _start(ctx, body, spec, status, task, flavors)
         elif status.phase == "Running":
             if spec.submission is not None:
                 await start_scoring(ctx, body, spec, status, task)
@@ -181,7 +184,7 @@ async def _limit(ctx: Context, spec: EpisodeSpec, status: EpisodeStatus, task: T
     end = limit_reached(spec, status, task, ctx.clock(), None)
     if end is not None or jobs_running(status.ledger):
         return end
-    return limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task))
+    return limit_reached(spec, status, task, ctx.clock(), await _cheapest_price(ctx, spec, task, status))
 
 
 def _needs_release(ctx: Context, backend: str, status: EpisodeStatus) -> bool:
@@ -194,14 +197,14 @@ def _has_unsettled_jobs(status: EpisodeStatus) -> bool:
     return bool(unsettled - orphaned)
 
 
-async def _cheapest_price(ctx: Context, spec: EpisodeSpec, task: Task) -> int | None:
+async def _cheapest_price(ctx: Context, spec: EpisodeSpec, task: Task, status: EpisodeStatus) -> int | None:
     """None when no price is known (the backend is off or not answering): the budget limit then
     waits, the step and wall-time limits do not."""
     backend = ctx.backends.get(spec.backend)
     if backend is None:
         return None
     prices = []
-    for flavor in allowed_flavors(spec, task):
+    for flavor in allowed_flavors(spec, task, status):
         try:
             prices.append(await backend.price(flavor))
         except BackendError as exc:
@@ -221,8 +224,37 @@ async def _blocking_orphans(ctx: Context, namespace: str, name: str) -> list[str
     return blocking
 
 
-async def _start(
+async def _flavors_in_quota(
     ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
+) -> list[str] | None:
+    """The Episode's flavors narrowed to its namespace's BudgetQuota, in its order; None where no quota
+    lists flavors (the Episode's or its task's then hold). An empty list: the Episode has failed, as no
+    flavor it may use is allowed, or the quota cannot be applied."""
+    try:
+        held = await read_quota(ctx, body["metadata"]["namespace"])
+    except QuotaInvalid as exc:
+        await fail_episode(ctx, body, status, cond.QUOTA_INVALID, str(exc))
+        return []
+    if held is None or held.terms.flavors is None:
+        return None
+    wanted = allowed_flavors(spec, task)
+    flavors = [f for f in wanted if held.terms.allows_flavor(f)]
+    if not flavors:
+        message = (
+            f"none of the flavors {', '.join(wanted)} is among those the namespace's BudgetQuota allows: "
+            f"{', '.join(sorted(held.terms.flavors))}"
+        )
+        await fail_episode(ctx, body, status, cond.NOT_IN_QUOTA, message)
+    return flavors
+
+
+async def _start(
+    ctx: Context,
+    body: dict[str, Any],
+    spec: EpisodeSpec,
+    status: EpisodeStatus,
+    task: Task,
+    flavors: list[str] | None,
 ) -> None:
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     blocking = await _blocking_orphans(ctx, namespace, name)
@@ -263,6 +295,7 @@ async def _start(
         network=ctx.job_network(spec.backend),
         agent_token_hash=token_hash_,
         agent_token_secret=secret_name,
+        flavors=flavors,
         conditions=conditions,
         observed_generation=body["metadata"].get("generation"),
     )

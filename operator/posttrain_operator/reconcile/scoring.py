@@ -152,7 +152,7 @@ async def _ensure_score_job(
             "spec": {
                 "episode": meta["name"],
                 "purpose": "score",
-                "flavor": grader_flavor(spec, task),
+                "flavor": grader_flavor(spec, task, status_of(EpisodeStatus, body.get("status"))),
                 "timeoutSeconds": spec.scoring.timeout_seconds or task.scoring_timeout_seconds,
                 "checkpointFrom": spec.submission.checkpoint_from,
                 "evidenceFrom": lineage,

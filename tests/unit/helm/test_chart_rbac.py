@@ -36,6 +36,9 @@ def application(scope: str) -> set[Rule]:
         | _rules(scope, "posttrain.dev", "judgefindings", "get", "list", "watch", "patch")
         | _rules(scope, "posttrain.dev", "judgefindings/status", "patch")
         | _rules(scope, "posttrain.dev", "provenancerecords", "list", "create")
+        # Quotas are read and their figures written; their terms are the platform's.
+        | _rules(scope, "posttrain.dev", "budgetquotas", "get", "list")
+        | _rules(scope, "posttrain.dev", "budgetquotas/status", "update")
         | _rules(scope, "posttrain.dev", "episodes/finalizers", "update")
         | _rules(scope, "posttrain.dev", "agentjobs/finalizers", "update")
         | _rules(scope, "", "events", "create")
@@ -155,3 +158,21 @@ def test_disabled_gateway_has_no_identity_and_the_broker_trusts_nobody() -> None
     operator = next(d for d in docs if d["kind"] == "Deployment")
     env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["POSTTRAIN_BROKER_ALLOWED_USERS"] == "[]"
+
+
+def test_researchers_read_quotas_and_only_a_role_bound_by_the_platform_writes_them(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    roles = {d["metadata"]["name"].rsplit("-", 1)[1]: d for d in default_docs
+             if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith(("-quota-viewer", "-quota-admin"))}  # fmt: skip
+    viewer, admin = roles["viewer"], roles["admin"]
+    aggregated = {k for k, v in viewer["metadata"]["labels"].items() if k.startswith("rbac.") and v == "true"}
+    assert aggregated == {f"rbac.authorization.k8s.io/aggregate-to-{r}" for r in ("view", "edit", "admin")}
+    assert viewer["rules"] == [{"apiGroups": ["posttrain.dev"], "resources": ["budgetquotas"],
+                                "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    # A namespace admin must not raise their own limit: the writing role is aggregated nowhere, and
+    # nothing the chart binds grants it.
+    assert not any(k.startswith("rbac.") for k in admin["metadata"]["labels"])
+    assert {"create", "update", "patch", "delete"} <= set(admin["rules"][0]["verbs"])
+    bound = {d["roleRef"]["name"] for d in default_docs if d["kind"].endswith("Binding") and "roleRef" in d}
+    assert admin["metadata"]["name"] not in bound and viewer["metadata"]["name"] not in bound

@@ -50,6 +50,9 @@ SUFFIXES = (
     "-operator-metrics",
     "-gateway-metrics",
     "-dashboard",
+    "-quota-viewer",
+    "-quota-admin",
+    "-episode-quota",
 )
 PODS_AND_HF = {**HF_VALUES, "pods": PODS}
 LOCKED_CONTAINER = {
@@ -76,6 +79,8 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
         ("ClusterRole", f"{FULL}-operator"),
         ("ClusterRole", f"{FULL}-operator-framework"),
         ("ClusterRole", f"{FULL}-judge"),
+        ("ClusterRole", f"{FULL}-quota-viewer"),
+        ("ClusterRole", f"{FULL}-quota-admin"),
         ("ClusterRoleBinding", f"{FULL}-operator"),
         ("ClusterRoleBinding", f"{FULL}-operator-framework"),
         ("ClusterRole", f"{FULL}-uninstall"),
@@ -102,6 +107,8 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
         ("ValidatingAdmissionPolicy", f"{FULL}-provenance-writers"),
         ("ValidatingAdmissionPolicy", f"{FULL}-score-jobs"),
         ("ValidatingAdmissionPolicy", f"{FULL}-tasks"),
+        ("ValidatingAdmissionPolicy", f"{FULL}-episode-quota"),
+        ("ValidatingAdmissionPolicyBinding", f"{FULL}-episode-quota"),
         ("ValidatingAdmissionPolicyBinding", f"{FULL}-provenance-writers"),
         ("ValidatingAdmissionPolicyBinding", f"{FULL}-score-jobs"),
         ("ValidatingAdmissionPolicyBinding", f"{FULL}-tasks"),

@@ -113,9 +113,10 @@ async def test_a_new_job_is_admitted_and_submitted_in_one_pass_with_two_status_w
     assert status["reservedMicroUSD"] == reserved
     assert world.ledger()["entries"] == {"j1": {"reservedMicroUSD": reserved, "platform": False}}
     assert world.ledger()["reservedMicroUSD"] == reserved
-    # Read the job and its Episode, write the ledger once, adopt the job, write its status twice.
+    # Read the job, its namespace's quota (none) and its Episode, write the ledger once, adopt the job,
+    # write its status twice.
     assert world.api.calls == {
-        "get_namespaced_custom_object": 2,
+        "get_namespaced_custom_object": 3,
         "replace_namespaced_custom_object_status": 1,
         "patch_namespaced_custom_object": 1,
         "patch_namespaced_custom_object_status": 2,
@@ -195,8 +196,9 @@ async def test_a_ledger_write_that_loses_a_race_is_retried_from_a_fresh_read(wor
     assert world.status("agentjobs", "j1")["phase"] == "Running"
     assert list(world.ledger()["entries"]) == ["j1"]
     assert world.api.calls["replace_namespaced_custom_object_status"] == 4
-    # The first attempt used the Episode admission had read; each retry read it again.
-    assert world.api.calls["get_namespaced_custom_object"] == 2 + 3
+    # The first attempt used the Episode admission had read (with the job and the quota); each retry
+    # read it again.
+    assert world.api.calls["get_namespaced_custom_object"] == 3 + 3
 
 
 async def test_a_stale_episode_copy_costs_one_retry_and_never_a_lost_update(world: World) -> None:
@@ -379,7 +381,8 @@ async def test_an_episode_start_writes_its_status_once(world: World) -> None:
     assert status["phase"] == "Running" and status["ledger"]["budgetMicroUSD"] == 1_000_000
     assert status["deadline"] == format_time(world.clock() + timedelta(seconds=1200))
     assert world.api.calls["replace_namespaced_custom_object_status"] == 1
-    assert world.api.calls["get_namespaced_custom_object"] == 1  # the write reuses the pass's read
+    # The Episode and its namespace's quota (none); the write reuses the pass's read.
+    assert world.api.calls["get_namespaced_custom_object"] == 2
 
 
 async def test_the_watch_copy_only_hints_and_a_stale_one_submits_nothing(world: World) -> None:
@@ -389,7 +392,7 @@ async def test_the_watch_copy_only_hints_and_a_stale_one_submits_nothing(world: 
     world.api.reset_calls()
     await reconcile_agentjob(world.ctx, NS, "j1", observed=as_created)
     assert world.status("agentjobs", "j1")["phase"] == "Running"
-    assert world.api.calls["get_namespaced_custom_object"] == 2  # the job and its Episode, together
+    assert world.api.calls["get_namespaced_custom_object"] == 3  # the job, its quota, its Episode
 
     # kopf retries with the copy it had: the fresh read shows the job Running, so nothing happens.
     world.api.reset_calls()
