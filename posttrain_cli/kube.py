@@ -90,6 +90,18 @@ class Cluster:
         items: list[Obj] = found["items"]
         return items
 
+    def quota(self) -> Obj | None:
+        """The namespace's BudgetQuota (always named default), or None when it has none."""
+        try:
+            body: Obj = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "budgetquotas", "default"
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _explained(exc, f"budgetquota {self.namespace}/default") from exc
+        return body
+
     def _get(self, plural: str, name: str) -> Obj:
         try:
             body: Obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, name)

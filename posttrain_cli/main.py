@@ -6,6 +6,7 @@ posttrain describe EPISODE          an episode and its ledger entries per job
 posttrain logs AGENTJOB [--tail N]  a job's logs, through the operator's broker, as yourself
 posttrain token EPISODE             a fresh agent token for an episode you may update
 posttrain report [EPISODE]          an HTML report of one episode, or of the namespace
+posttrain quota                     the namespace's BudgetQuota: limit, spent, left, per period
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from posttrain_cli.kube import CliError, Cluster
 from posttrain_cli.views import (
     EPISODE_COLUMNS,
     describe,
+    describe_quota,
     episode_row,
     provenance_line,
     provenance_lines,
@@ -82,6 +84,10 @@ def cmd_watch(cluster: Cluster, args: argparse.Namespace) -> None:
 
 def cmd_describe(cluster: Cluster, args: argparse.Namespace) -> None:
     _out(describe(cluster.episode(args.episode), cluster.agentjobs(args.episode), _now()))
+
+
+def cmd_quota(cluster: Cluster, args: argparse.Namespace) -> None:
+    _out(describe_quota(cluster.quota(), cluster.namespace))
 
 
 def cmd_provenance(cluster: Cluster, args: argparse.Namespace) -> None:
@@ -186,6 +192,8 @@ def parser() -> argparse.ArgumentParser:
     d = command("describe", "an episode and its ledger entries per job")
     d.add_argument("episode")
     d.set_defaults(run=cmd_describe)
+    q = command("quota", "the namespace's BudgetQuota: its limit, what is spent and left, per period")
+    q.set_defaults(run=cmd_quota)
     pv = command("provenance", "an episode's provenance records as JSON Lines, its chain checked")
     pv.add_argument("episode")
     pv.set_defaults(run=cmd_provenance)

@@ -199,3 +199,43 @@ def provenance_lines(records: list[Obj]) -> list[str]:
     specs = provenance.specs_of(records)
     ordered = sorted(specs, key=lambda s: (s.writer != "gateway", s.sequence, s.job.job if s.job else ""))
     return [json.dumps({"digest": provenance.digest(s), **s.wire()}, sort_keys=True) for s in ordered]
+
+
+QUOTA_PERIOD_COLUMNS = ("PERIOD", "JOBS", "SETTLED", "RESERVED", "PLATFORM")
+
+
+def _usd(figures: Obj, field: str) -> str:
+    return "$" + micro_to_usd(int(figures.get(field) or 0))
+
+
+def describe_quota(quota: Obj | None, namespace: str) -> str:
+    """A namespace's BudgetQuota: its terms, the window in force, its conditions and each period."""
+    if quota is None:
+        return f"No BudgetQuota in namespace {namespace}: each Episode is limited by its own budget only."
+    spec, status = quota.get("spec") or {}, quota.get("status") or {}
+    period = spec.get("period") or "CalendarMonth"
+    if period == "Rolling":
+        period += f" ({spec.get('windowDays')} days)"
+    anything = "any the backend offers"
+    lines = [
+        f"BudgetQuota: {namespace}/{quota['metadata']['name']}",
+        f"Limit:       ${spec.get('limitUSD')} per {period}",
+        f"Window:      {status.get('window') or '- (not applied yet)'}",
+        f"Settled:     {_usd(status, 'settledMicroUSD')}   Reserved: {_usd(status, 'reservedMicroUSD')}"
+        f"   Remaining: {_usd(status, 'remainingMicroUSD')}   Platform: {_usd(status, 'platformMicroUSD')}",
+        f"Episode cap: {'$' + spec['maxEpisodeBudgetUSD'] if spec.get('maxEpisodeBudgetUSD') else 'none'}",
+        f"Flavors:     {', '.join(spec['flavors']) if spec.get('flavors') else anything}",
+        f"Backends:    {', '.join(spec['backends']) if spec.get('backends') else anything}",
+    ]
+    for c in status.get("conditions") or []:
+        lines.append(
+            f"{c['type'] + ':':<12} {c['status']} ({c.get('reason')}) {c.get('message') or ''}".rstrip()
+        )
+    rows: list[tuple[str, ...]] = [
+        (p["period"], str(p.get("jobs") or 0), _usd(p, "settledMicroUSD"), _usd(p, "reservedMicroUSD"),
+         _usd(p, "platformMicroUSD"))
+        for p in status.get("periods") or []
+    ]  # fmt: skip
+    if rows:
+        lines += ["", "Periods:", table(QUOTA_PERIOD_COLUMNS, rows)]
+    return "\n".join(lines)

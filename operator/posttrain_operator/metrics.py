@@ -1,9 +1,10 @@
 """The operator's Prometheus metrics, each in one registry per process.
 
-Labels are low-cardinality only (phases, purposes, reasons, backends, API methods): never an episode
-or job name, so a cluster running thousands of episodes exposes the same number of series as one
-running a single episode. What the watch already shows (episodes and jobs by phase, orphans) is
-counted at scrape time from the last body each watch delivered, so it costs nothing per reconcile.
+Labels are low-cardinality only (phases, purposes, reasons, API methods, and the namespace, task and
+backend spend is charged to): never an episode or job name, so a cluster running thousands of
+episodes exposes the same number of series as one running a single episode per namespace and task.
+What the watch already shows (episodes and jobs by phase, orphans, quotas) is counted at scrape time
+from the last body each watch or pass delivered, so it costs nothing per reconcile.
 """
 
 from __future__ import annotations
@@ -27,8 +28,18 @@ REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, math.in
 NONE = "None"  # the label value of a phase or outcome not set yet
 
 
+SPEND_LABELS = ("namespace", "task", "backend")
+
+
+def spend_labels(episode: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Whom an Episode's spend is charged to: its namespace (the team), task and backend."""
+    spec = episode.get("spec") or {}
+    return episode["metadata"]["namespace"], str(spec.get("task") or NONE), str(spec.get("backend") or NONE)
+
+
 @dataclass(frozen=True)
 class EpisodeSeen:
+    charged_to: tuple[str, str, str]
     phase: str
     outcome: str
     orphans: int
@@ -38,12 +49,29 @@ class EpisodeSeen:
     reward: float | None
 
 
+@dataclass(frozen=True)
+class QuotaSeen:
+    """A namespace's BudgetQuota figures for its current window, in micro-dollars."""
+
+    limit: int
+    reserved: int
+    settled: int
+    platform: int
+
+
 class WatchView:
     """Episodes and AgentJobs as the watches last delivered them, reduced to what the gauges show."""
 
     def __init__(self) -> None:
         self.episodes: dict[tuple[str, str], EpisodeSeen] = {}
         self.jobs: dict[tuple[str, str], tuple[str, str]] = {}
+        self.quotas: dict[str, QuotaSeen] = {}
+
+    def observe_quota(self, namespace: str, seen: QuotaSeen | None) -> None:
+        if seen is None:
+            self.quotas.pop(namespace, None)
+        else:
+            self.quotas[namespace] = seen
 
     def observe_episode(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         meta, status = body["metadata"], body.get("status") or {}
@@ -54,6 +82,7 @@ class WatchView:
         ledger = status.get("ledger") or {}
         reward = status.get("reward")
         self.episodes[key] = EpisodeSeen(
+            charged_to=spend_labels(body),
             phase=status.get("phase") or "Pending",
             outcome=status.get("outcome") or NONE,
             orphans=len(status.get("orphanedJobs") or []),
@@ -80,12 +109,14 @@ class _ViewCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         episodes = GaugeMetricFamily(
             "posttrain_episodes",
-            "Episodes by phase and outcome, as the watch sees them",
-            labels=["phase", "outcome"],
+            "Episodes by phase and outcome, namespace, task and backend, as the watch sees them",
+            labels=["phase", "outcome", *SPEND_LABELS],
         )
         seen = list(self.view.episodes.values())
-        for (phase, outcome), n in sorted(Tally((e.phase, e.outcome) for e in seen).items()):
-            episodes.add_metric([phase, outcome], n)
+        for (phase, outcome, *charged_to), n in sorted(
+            Tally((e.phase, e.outcome, *e.charged_to) for e in seen).items()
+        ):
+            episodes.add_metric([phase, outcome, *charged_to], n)
         yield episodes
         for name, field_, what in (
             ("budget", "budget", "Budgets"),
@@ -94,25 +125,17 @@ class _ViewCollector(Collector):
         ):
             family = GaugeMetricFamily(
                 f"posttrain_episode_{name}_microdollars",
-                f"{what} of the Episodes the watch sees, summed by phase",
-                labels=["phase"],
+                f"{what} of the Episodes the watch sees, summed by phase, namespace, task and backend",
+                labels=["phase", *SPEND_LABELS],
             )
-            totals: Tally[str] = Tally()
+            totals: Tally[tuple[str, ...]] = Tally()
             for e in seen:
-                totals[e.phase] += getattr(e, field_)
-            for phase, total in sorted(totals.items()):
-                family.add_metric([phase], total)
+                totals[(e.phase, *e.charged_to)] += getattr(e, field_)
+            for labels, total in sorted(totals.items()):
+                family.add_metric(list(labels), total)
             yield family
-        rewards = sorted(e.reward for e in seen if e.reward is not None)
-        yield GaugeHistogramMetricFamily(
-            "posttrain_episode_reward",
-            "Rewards of the ended Episodes the watch sees (GraderFailed ones have none)",
-            buckets=[
-                (str(le) if le != math.inf else "+Inf", sum(1 for r in rewards if r <= le))
-                for le in REWARD_BUCKETS
-            ],
-            gsum_value=sum(rewards),
-        )
+        yield self._rewards(seen)
+        yield from self._quotas()
         jobs = GaugeMetricFamily(
             "posttrain_agentjobs",
             "AgentJobs by phase and purpose, as the watch sees them",
@@ -126,6 +149,39 @@ class _ViewCollector(Collector):
             "Jobs whose cancellation the backend has not confirmed (listed in Episodes' status.orphanedJobs)",
             value=sum(e.orphans for e in self.view.episodes.values()),
         )
+
+    @staticmethod
+    def _rewards(seen: list[EpisodeSeen]) -> Metric:
+        family = GaugeHistogramMetricFamily(
+            "posttrain_episode_reward",
+            "Rewards of the ended Episodes the watch sees, by task (GraderFailed ones have none)",
+            labels=["task"],
+        )
+        by_task: dict[str, list[float]] = {}
+        for e in seen:
+            if e.reward is not None:
+                by_task.setdefault(e.charged_to[1], []).append(e.reward)
+        for task, rewards in sorted(by_task.items()):
+            buckets = [(str(le) if le != math.inf else "+Inf", sum(1 for r in rewards if r <= le))
+                       for le in REWARD_BUCKETS]  # fmt: skip
+            family.add_metric([task], buckets, gsum_value=sum(rewards))
+        return family
+
+    def _quotas(self) -> Iterator[Metric]:
+        for field_, what in (
+            ("limit", "The limit"),
+            ("reserved", "Reservations"),
+            ("settled", "Settled agent spend"),
+            ("platform", "Platform spend (graders, overruns)"),
+        ):
+            family = GaugeMetricFamily(
+                f"posttrain_quota_{field_}_microdollars",
+                f"{what} of each namespace's BudgetQuota in its current window",
+                labels=["namespace"],
+            )
+            for namespace, seen in sorted(self.view.quotas.items()):
+                family.add_metric([namespace], getattr(seen, field_))
+            yield family
 
 
 class _BackendCollector(Collector):
@@ -175,20 +231,21 @@ class OperatorMetrics:
         r = self.registry
         self.reserved = Counter(
             "posttrain_reserved_microdollars",
-            "Micro-dollars reserved on Episode ledgers at admission",
+            "Micro-dollars reserved on Episode ledgers at admission, by namespace, task and backend",
+            SPEND_LABELS,
             registry=r,
         )
         self.settled = Counter(
             "posttrain_settled_microdollars",
-            "Micro-dollars settled on Episode ledgers: payer=agent sums their settledMicroUSD, "
-            "payer=platform grader jobs and overruns",
-            ["payer"],
+            "Micro-dollars settled on Episode ledgers, by namespace, task and backend: payer=agent sums "
+            "their settledMicroUSD, payer=platform grader jobs and overruns",
+            ["payer", *SPEND_LABELS],
             registry=r,
         )
         self.rejections = Counter(
             "posttrain_agentjob_rejections",
-            "AgentJobs refused at admission, by reason (BudgetExceeded, ...)",
-            ["reason"],
+            "AgentJobs refused at admission, by reason (BudgetExceeded, QuotaExceeded, ...) and namespace",
+            ["reason", "namespace"],
             registry=r,
         )
         self.admission_seconds = Histogram(
@@ -204,8 +261,12 @@ class OperatorMetrics:
             ["kind", "error"],
             registry=r,
         )
-        for payer in ("agent", "platform"):
-            self.settled.labels(payer)  # present at 0 from the start, so rate() sees the first charge
+
+    def count_settled(self, charged_to: tuple[str, str, str], agent: int, platform: int) -> None:
+        """Settled spend, charged to an Episode's namespace, task and backend (`spend_labels`). A label
+        set first counted at 0 has both payers, so rate() sees its first charge of either."""
+        self.settled.labels("agent", *charged_to).inc(agent)
+        self.settled.labels("platform", *charged_to).inc(platform)
 
     def watch_backends(self, backends: Callable[[], Mapping[str, CallStats]]) -> None:
         self.registry.register(_BackendCollector(backends))

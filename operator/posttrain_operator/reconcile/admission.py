@@ -34,6 +34,7 @@ from posttrain_operator.api.rules import (
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
 from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_against_task
 from posttrain_operator.k8s import EpisodeUpdate
+from posttrain_operator.metrics import spend_labels
 from posttrain_operator.reconcile.context import BackendNotEnabled, Context
 from posttrain_operator.reconcile.jobs import Retry, admitting_phases, adopt, with_condition, write_job_status
 from posttrain_operator.reconcile.quotas import (
@@ -78,6 +79,12 @@ def decide_admission(
     flavors = allowed_flavors(ep_spec, task, ep_status)
     if spec.purpose != "train" and grader_flavor(ep_spec, task, ep_status) not in flavors:
         flavors.append(grader_flavor(ep_spec, task, ep_status))
+    if spec.flavor not in flavors and spec.flavor in allowed_flavors(ep_spec, task):
+        return Rejection(
+            cond.NOT_IN_QUOTA,
+            f"flavor {spec.flavor!r} is not among the flavors the namespace's BudgetQuota allows this "
+            f"episode: {', '.join(flavors)}",
+        )
     max_timeout = limits_in_force(ep_spec, task).max_job_timeout_seconds
     if spec.purpose == "score":
         max_timeout = max(max_timeout, spec.timeout_seconds)
@@ -133,7 +140,7 @@ async def _reject(ctx: Context, job: dict[str, Any], status: AgentJobStatus, rej
     status = with_condition(ctx, job, status, cond.ADMITTED, False, rejection.reason, rejection.message)
     status = with_condition(ctx, job, status, cond.FINISHED, True, rejection.reason, rejection.message)
     await write_job_status(ctx, job, status)
-    ctx.metrics.rejections.labels(rejection.reason).inc()
+    ctx.metrics.rejections.labels(rejection.reason, job["metadata"]["namespace"]).inc()
     ctx.emit(job, "Warning", rejection.reason, rejection.message)
 
 
@@ -252,8 +259,10 @@ async def _quota(
     return Rejection(cond.NOT_IN_QUOTA, why) if why else held
 
 
-def _count_admission(ctx: Context, job: dict[str, Any], spec: AgentJobSpec, reserved: int) -> None:
-    ctx.metrics.reserved.inc(reserved)
+def _count_admission(
+    ctx: Context, job: dict[str, Any], spec: AgentJobSpec, episode: dict[str, Any], reserved: int
+) -> None:
+    ctx.metrics.reserved.labels(*spend_labels(episode)).inc(reserved)
     created = parse_time(job["metadata"].get("creationTimestamp"))
     if created is not None:
         waited = (ctx.clock() - created).total_seconds()
@@ -361,7 +370,7 @@ async def _admit(
         return None
     reserved = 0 if platform else amount
     if update.written:  # not a pass resumed after a crash, which found its reservation made
-        _count_admission(ctx, job, spec, reserved)
+        _count_admission(ctx, job, spec, episode, reserved)
     message = f"reserved ${micro_to_usd(reserved)} at ${micro_to_usd(price)}/min for {spec.timeout_seconds}s"
     status = status.model_copy(
         update={

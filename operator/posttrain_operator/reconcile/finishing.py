@@ -32,6 +32,7 @@ from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import format_time
 from posttrain_operator.backends.base import BackendError, RemoteStatus
 from posttrain_operator.jobspec import output_prefix
+from posttrain_operator.metrics import spend_labels
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.jobs import with_condition, write_job_status
 from posttrain_operator.reconcile.orphan_records import without_orphan
@@ -48,8 +49,7 @@ def announce_settled_at_reservation(
 ) -> None:
     """Count and announce entries settled at their reservation, the jobs having been deleted without
     the operator settling them (their finalizer removed by hand): their real cost is unknown."""
-    ctx.metrics.settled.labels("agent").inc(agent)
-    ctx.metrics.settled.labels("platform").inc(platform)
+    ctx.metrics.count_settled(spend_labels(episode), agent, platform)
     message = (
         f"settled {', '.join(names)} at the reservation (${micro_to_usd(agent)}): deleted without the "
         "operator settling them (finalizer removed by hand), so their real cost is unknown"
@@ -173,6 +173,7 @@ async def _settle(
         new = without_orphan(ctx, body, new, name) or new
         before, after = current.ledger, new.ledger
         booked = Settled(
+            spend_labels(body),
             charged,
             after.settled_micro_usd - before.settled_micro_usd,
             after.platform_micro_usd - before.platform_micro_usd,
@@ -186,8 +187,7 @@ async def _settle(
         await settle_on_quota(ctx, namespace, name, cost)
         return cost
     if update.written:
-        ctx.metrics.settled.labels("agent").inc(update.result.agent)
-        ctx.metrics.settled.labels("platform").inc(update.result.platform)
+        ctx.metrics.count_settled(update.result.charged_to, update.result.agent, update.result.platform)
     await settle_on_quota(ctx, namespace, name, cost)  # after the Episode: its ledger is the record
     return update.result.charged
 
@@ -196,6 +196,7 @@ async def _settle(
 class Settled:
     """What one settlement charged the job, and what it added to the ledger's agent and platform totals."""
 
+    charged_to: tuple[str, str, str]  # the Episode's namespace, task and backend
     charged: int
     agent: int
     platform: int

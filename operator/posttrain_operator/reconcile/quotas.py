@@ -23,6 +23,7 @@ from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import TERMINAL_JOB_PHASES, AgentJobStatus, EpisodeStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.quota import BudgetQuotaSpec, BudgetQuotaStatus
+from posttrain_operator.metrics import QuotaSeen
 from posttrain_operator.reconcile.context import Context
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,7 @@ async def reconcile_quota(ctx: Context, namespace: str) -> None:
     pass will settle resolved. Runs periodically: a month rolls over with no job to notice."""
     body = await ctx.kube.get_quota(namespace)
     if body is None:
+        ctx.metrics.view.observe_quota(namespace, None)
         return
     current = status_of(BudgetQuotaStatus, body.get("status"))
     resolutions: list[Resolution] = []
@@ -215,9 +217,14 @@ async def _refresh(ctx: Context, namespace: str, resolutions: list[Resolution]) 
         return (None if new == current else new), None
 
     try:
-        await ctx.kube.update_quota_status(namespace, mutate)
+        update = await ctx.kube.update_quota_status(namespace, mutate)
     except LookupError:
+        ctx.metrics.view.observe_quota(namespace, None)
         return
+    now_in = update.status
+    seen = QuotaSeen(now_in.limit_micro_usd, now_in.reserved_micro_usd, now_in.settled_micro_usd,
+                     now_in.platform_micro_usd)  # fmt: skip
+    ctx.metrics.view.observe_quota(namespace, seen)
 
 
 async def keep_quotas(ctx: Context) -> None:
@@ -225,7 +232,10 @@ async def keep_quotas(ctx: Context) -> None:
     kopf daemon, which would put a finalizer on each quota (deleting one would wait on the operator)."""
     while True:
         try:
-            for namespace in ctx.settings.watch_namespaces or await ctx.kube.namespaces_with_quotas():
+            namespaces = ctx.settings.watch_namespaces or await ctx.kube.namespaces_with_quotas()
+            for gone in set(ctx.metrics.view.quotas) - set(namespaces):
+                ctx.metrics.view.observe_quota(gone, None)
+            for namespace in namespaces:
                 await reconcile_quota(ctx, namespace)
         except Exception as exc:
             ctx.metrics.reconcile_errors.labels("BudgetQuota", type(exc).__name__).inc()

@@ -191,3 +191,36 @@ def test_token_replaces_the_agent_token_only_for_who_may_update_episodes(
     assert len(token) >= 40
     after = get(kubectl, namespace, "episode", "ep")["status"]["agentTokenHash"]
     assert after == token_hash(token) != before
+
+
+def test_quota_shows_the_namespace_s_limit_spend_and_periods(
+    kubectl: Kubectl, cluster: devcluster.ClusterState, namespace: str, operator: OperatorProcess
+) -> None:
+    none = posttrain(cluster.kubeconfig, namespace, "quota")
+    assert none.returncode == 0, none.stderr
+    assert none.stdout.strip() == (
+        f"No BudgetQuota in namespace {namespace}: each Episode is limited by its own budget only."
+    )
+    quota = {"apiVersion": "posttrain.dev/v1alpha1", "kind": "BudgetQuota", "metadata": {"name": "default"},
+             "spec": {"limitUSD": "0.01", "flavors": ["cpu-basic"], "maxEpisodeBudgetUSD": "1"}}  # fmt: skip
+    apply(kubectl, namespace, quota)
+    operator.wait_ready(timeout=READY_SECONDS)
+    _episode_with_jobs(kubectl, namespace)  # one job settled at $0.000167, one refused by its Episode
+
+    def settled() -> int:
+        return int(
+            get(kubectl, namespace, "budgetquota", "default").get("status", {}).get("settledMicroUSD", 0)
+        )
+
+    wait_for(settled, what="the quota to record the settled job")
+
+    shown = posttrain(cluster.kubeconfig, namespace, "quota")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[1].split() == ["Limit:", "$0.01", "per", "CalendarMonth"]
+    assert lines[3].split()[:6] == ["Settled:", "$0.000167", "Reserved:", "$0.00", "Remaining:", "$0.009833"]
+    assert "Flavors:     cpu-basic" in lines and "Episode cap: $1" in lines
+    assert any(line.startswith("Ready:") and "Applied" in line for line in lines)
+    month = get(kubectl, namespace, "budgetquota", "default")["status"]["window"]
+    period = next(line.split() for line in lines if line.startswith(month))
+    assert period == [month, "1", "$0.000167", "$0.00", "$0.00"]  # the refused job's reservation released

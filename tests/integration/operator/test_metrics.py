@@ -44,7 +44,9 @@ def test_metrics_follow_the_ledger_through_an_episode(
     url = operator.metrics_url
     wait_for(lambda: "metrics listening" in operator.current_log(), what="the metrics port", timeout=300)
     _, before = scrape(url)
-    assert value(before, "posttrain_settled_microdollars_total", payer="agent") == 0
+    # Spend is charged to the Episode's namespace (the team), task and backend.
+    team = {"namespace": namespace, "task": "t0_artifact", "backend": "hf-jobs"}
+    assert value(before, "posttrain_settled_microdollars_total", payer="agent", **team) == 0
 
     apply(kubectl, namespace, episode_manifest("metered-ep", budget="0.0018"))
     wait_phase(kubectl, namespace, "episode", "metered-ep", {"Running"})
@@ -70,21 +72,23 @@ def test_metrics_follow_the_ledger_through_an_episode(
             ("Succeeded", "train"): value(now, "posttrain_agentjobs", phase="Succeeded", purpose="train"),
             ("Rejected", "train"): value(now, "posttrain_agentjobs", phase="Rejected", purpose="train"),
             # The Episode as its daemon's last tick saw it: settled.
-            ("settled", ""): value(now, "posttrain_episode_settled_microdollars", phase="Running")
+            ("settled", ""): value(now, "posttrain_episode_settled_microdollars", phase="Running", **team)
             / CPU_BASIC_MICRO_PER_MINUTE,
         }
         return (text, now) if set(jobs.values()) == {1.0} else None
 
     text, after = wait_for(caught_up, what="the watch view to show both jobs and the settled ledger")
-    assert value(after, "posttrain_settled_microdollars_total", payer="agent") == ledger["settledMicroUSD"]
-    assert value(after, "posttrain_settled_microdollars_total", payer="platform") == ledger.get(
-        "platformMicroUSD", 0
+    settled = "posttrain_settled_microdollars_total"
+    assert value(after, settled, payer="agent", **team) == ledger["settledMicroUSD"]
+    assert value(after, settled, payer="platform", **team) == ledger.get("platformMicroUSD", 0)
+    assert value(after, "posttrain_reserved_microdollars_total", **team) == 10 * CPU_BASIC_MICRO_PER_MINUTE
+    rejected = value(
+        after, "posttrain_agentjob_rejections_total", reason="BudgetExceeded", namespace=namespace
     )
-    assert value(after, "posttrain_reserved_microdollars_total") == 10 * CPU_BASIC_MICRO_PER_MINUTE
-    assert value(after, "posttrain_agentjob_rejections_total", reason="BudgetExceeded") == 1
+    assert rejected == 1
     assert value(after, "posttrain_admission_latency_seconds_count", purpose="train") == 1
-    assert value(after, "posttrain_episodes", phase="Running", outcome="None") == 1
-    assert value(after, "posttrain_episode_budget_microdollars", phase="Running") == 1800
+    assert value(after, "posttrain_episodes", phase="Running", outcome="None", **team) == 1
+    assert value(after, "posttrain_episode_budget_microdollars", phase="Running", **team) == 1800
     assert value(after, "posttrain_orphaned_jobs") == 0
     assert (
         value(after, "posttrain_backend_requests_total", backend="hf-jobs", route="run_job", status="ok") == 1

@@ -268,9 +268,11 @@ def test_a_flavor_or_backend_the_quota_does_not_allow_is_refused_per_job(
     }
     assert final["basic"]["phase"] == "Succeeded"
     assert (final["upgrade"]["phase"], final["upgrade"]["reason"]) == ("Rejected", "NotInQuota")
-    assert (
-        "flavor 'cpu-upgrade' is not among the flavors the namespace's BudgetQuota allows: cpu-basic"
-        in (final["upgrade"]["message"])
+    # The Episode's flavors were narrowed to the quota's when it started.
+    assert get(kubectl, namespace, "episode", "ep")["status"]["flavors"] == ["cpu-basic"]
+    assert final["upgrade"]["message"] == (
+        "flavor 'cpu-upgrade' is not among the flavors the namespace's BudgetQuota allows this episode: "
+        "cpu-basic"
     )
     assert (final["in-big"]["phase"], final["in-big"]["reason"]) == ("Rejected", "NotInQuota")
     assert "budget $2.00 is above the $1.00" in final["in-big"]["message"]

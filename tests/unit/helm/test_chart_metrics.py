@@ -91,15 +91,21 @@ def test_dashboard_configmap_holds_panels_over_the_exposed_metrics() -> None:
         "rejections",
         "reward distribution",
         "backend errors",
+        "spend by team",
+        "quota used by team",
+        "reward by task",
     ):
         assert wanted in titles, wanted
     for metric in (
         "posttrain_episode_budget_microdollars", "posttrain_episode_settled_microdollars",
         "posttrain_agentjobs", "posttrain_agentjob_rejections_total", "posttrain_gateway_refusals_total",
         "posttrain_episode_reward_bucket", "posttrain_backend_requests_total",
-        "posttrain_admission_latency_seconds_bucket",
+        "posttrain_admission_latency_seconds_bucket", "posttrain_quota_limit_microdollars",
     ):  # fmt: skip
         assert metric in exprs, metric
+    # Per-team and per-task panels group by the labels the operator exposes.
+    for grouping in ("sum by (namespace, backend, payer)", "sum by (task)", "sum by (namespace)"):
+        assert grouping in exprs, grouping
 
 
 def test_a_fenced_gateway_still_lets_scrapers_reach_its_metrics() -> None:

@@ -36,8 +36,8 @@ async def test_a_task_s_default_flavors_are_narrowed_to_the_quota_s_at_start() -
     await reconcile_agentjob(world.ctx, NS, "j1")
     await reconcile_agentjob(world.ctx, NS, "j2")
     refused = world.status("agentjobs", "j1")
-    assert refused["phase"] == "Rejected" and refused["reason"] == cond.INVALID_JOB
-    assert "allowed: cpu-upgrade" in refused["message"]
+    assert refused["phase"] == "Rejected" and refused["reason"] == cond.NOT_IN_QUOTA
+    assert refused["message"].endswith("the namespace's BudgetQuota allows this episode: cpu-upgrade")
     assert world.status("agentjobs", "j2")["phase"] == "Running"
     assert list(world.ledger()["entries"]) == ["j2"]  # the refused job reserved nothing
 
