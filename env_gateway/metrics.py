@@ -16,6 +16,8 @@ REFUSAL_REASONS = {
     "step_limit_reached": "step_limit",
     "time_limit_reached": "time_limit",
     "budget_exceeded": "budget",
+    "quota_exceeded": "budget",
+    "not_in_quota": "validation",
     "invalid_arguments": "validation",
     "invalid_job": "validation",
     "invalid_submission": "validation",
