@@ -1,6 +1,6 @@
 """Operator scale: admission latency and backend polling cost with many active jobs.
 
-    python bench/operator_scale.py [--devstack NAME] [--episodes 200] [--jobs 5] [--window 60]
+    python bench/operator_scale.py [--devstack NAME] [--episodes 200] [--jobs 5] [--window 60] [--quota-usd N]
 
 Against the devstack control plane and the HF Jobs emulator (jobs 'run' for an hour without a
 process, so they all stay active), with the operator as a real `kopf run` process:
@@ -14,6 +14,8 @@ process, so they all stay active), with the operator as a real `kopf run` proces
 - Kubernetes API calls per admission, read from the API server's audit log: every request the
   operator (its reconcilers and kopf) makes about a new job and its Episode, from the job's creation
   until it is Running, for jobs created one at a time.
+
+With `--quota-usd`, the namespace has a BudgetQuota, so every admission also reserves on it.
 """
 
 from __future__ import annotations
@@ -227,8 +229,9 @@ def requests_per_minute(emulator: Any, window: float) -> float:
 class Stack:
     """The cluster (attached or started), an emulator, a namespace and an operator process."""
 
-    def __init__(self, devstack: str | None) -> None:
+    def __init__(self, devstack: str | None, quota_usd: str | None) -> None:
         self.devstack = devstack
+        self.quota_usd = quota_usd
 
     async def start(self) -> Stack:
         attached = devcluster.load_state(self.devstack) if self.devstack else None
@@ -247,6 +250,17 @@ class Stack:
         self.api = client.ApiClient()
         self.api.user_agent = BENCH_AGENT
         await client.CoreV1Api(self.api).create_namespace({"metadata": {"name": self.namespace}})
+        if self.quota_usd is not None:  # every admission then reserves on the quota too
+            meta, spec = {"name": "default"}, {"limitUSD": self.quota_usd}
+            quota = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "BudgetQuota",
+                "metadata": meta,
+                "spec": spec,
+            }
+            await client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "budgetquotas", quota
+            )
         log_dir = Path(tempfile.mkdtemp(prefix="bench-operator-"))
         self.operator = OperatorProcess(
             self.state, self.emulator, log_dir, self.namespace, POSTTRAIN_POLL_INTERVAL_SECONDS="10"
@@ -345,6 +359,7 @@ def calls_per_admission(audit_log: Path, namespace: str, windows: list[Any]) -> 
                 (ref.get("resource") == "agentjobs" and named == job)
                 or (ref.get("resource") == "episodes" and named == episode)
                 or ref.get("resource") == "events"
+                or ref.get("resource") == "budgetquotas"  # read (or not found) and reserved on
             )
             if not ours or (resource == "agentjobs/status" and at > running):
                 continue
@@ -367,7 +382,7 @@ def list_requests(emulator: Any) -> tuple[int, int]:
 
 
 async def run(args: argparse.Namespace) -> None:
-    stack = await Stack(args.devstack).start()
+    stack = await Stack(args.devstack, args.quota_usd).start()
     try:
         raw = await raw_round_trips(stack.api, stack.namespace, 50)
         few_rpm = await polling_cost(stack, 2, 5, args.window)
@@ -445,6 +460,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=5, help="jobs per episode")
     parser.add_argument("--window", type=float, default=60.0, help="seconds over which requests are counted")
+    parser.add_argument("--quota-usd", help="give the namespace a BudgetQuota of this many dollars a month")
     asyncio.run(run(parser.parse_args()))
 
 

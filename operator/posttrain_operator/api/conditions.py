@@ -17,6 +17,8 @@ FINISHED = "Finished"  # AgentJob: Succeeded, Failed, Cancelled or Rejected
 BACKEND_READY = "BackendReady"  # Episode: its backend's credentials were accepted at the last check
 EGRESS_VERIFIED = "EgressVerified"  # AgentJob (pods): its pod found every probed address closed
 OVER_LIMIT = "OverLimit"  # BudgetQuota: the window's spend is above a limit lowered since
+FLAVORS_OFFERED = "FlavorsOffered"  # BudgetQuota: every flavor it lists is offered by a backend it allows
+UNKNOWN_FLAVOR = "UnknownFlavor"
 
 # Reasons (PascalCase, stable: clients match on them).
 ORPHANED_JOBS = "OrphanedJobs"

@@ -9,9 +9,9 @@ job's worst case before it runs, settle at what the backend billed.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, PlainSerializer, WithJsonSchema
 
 from posttrain_operator.api.models import MAX_CONDITIONS, ApiModel, Backend, Condition
 from posttrain_operator.api.money import USD_PATTERN
@@ -88,6 +88,50 @@ class PeriodRecord(ApiModel):
     jobs: int = Field(default=0, ge=0, description="jobs counts the jobs admitted in the period.")
 
 
+def _held_from_wire(raw: Any) -> Any:
+    """Reservations as written: one line per job, `JOB EPISODE PERIOD MICROUSD [platform]`."""
+    if not isinstance(raw, list):
+        return raw  # already by job (built in Python)
+    held: dict[str, dict[str, Any]] = {}
+    for line in raw:
+        parts = str(line).split(" ")
+        if len(parts) not in (4, 5) or parts[4:] not in ([], ["platform"]) or not parts[3].isdigit():
+            raise ValueError(f"reservation {line!r} is not 'JOB EPISODE PERIOD MICROUSD [platform]'")
+        job, episode, period, micro_usd = parts[:4]
+        held[job] = {
+            "episode": episode,
+            "period": period,
+            "microUSD": int(micro_usd),
+            "platform": len(parts) == 5,
+        }
+    return held
+
+
+def _held_to_wire(held: dict[str, QuotaReservation]) -> list[str]:
+    return [
+        f"{job} {r.episode} {r.period} {r.micro_usd}" + (" platform" if r.platform else "")
+        for job, r in sorted(held.items())
+    ]
+
+
+# By job in Python; on the wire, one string per job in an atomic list. The API server validates and
+# tracks the fields of a map of objects one by one: with 1,000 jobs running in a namespace, each
+# admission's write of its quota took 190 ms as a map against 19 ms as these lines (docs/quotas.md).
+Reservations = Annotated[
+    dict[str, QuotaReservation],
+    BeforeValidator(_held_from_wire),
+    PlainSerializer(_held_to_wire, return_type=list[str]),
+    WithJsonSchema({
+        "type": "array",
+        "maxItems": MAX_QUOTA_RESERVATIONS + GRADER_HEADROOM,
+        "x-kubernetes-list-type": "atomic",
+        "items": {"type": "string", "maxLength": 600},
+        "description": "reservations holds one line per AgentJob admitted and not yet settled: "
+        "'JOB EPISODE PERIOD MICROUSD', and ' platform' for a grader job.",
+    }),
+]  # fmt: skip
+
+
 class BudgetQuotaStatus(ApiModel):
     window: str | None = Field(
         default=None,
@@ -123,16 +167,15 @@ class BudgetQuotaStatus(ApiModel):
         max_length=367,
         description="periods are the records per month (or per day, Rolling), oldest first: a period "
         "that has passed is left as it ended.",
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},  # written whole on every admission
     )
-    reservations: dict[str, QuotaReservation] = Field(
-        default_factory=dict,
-        max_length=MAX_QUOTA_RESERVATIONS + GRADER_HEADROOM,
-        description="reservations holds one entry per AgentJob admitted and not yet settled, by name.",
+    reservations: Reservations = Field(
+        default_factory=dict, max_length=MAX_QUOTA_RESERVATIONS + GRADER_HEADROOM
     )
     conditions: list[Condition] = Field(
         default_factory=list, max_length=MAX_CONDITIONS,
         description="conditions: Ready (the spec is understood and applied), OverLimit (the window's spend "
-        "is above a limit lowered since).",
+        "is above a limit lowered since), FlavorsOffered (a backend it allows offers every flavor it lists).",
     )  # fmt: skip
     observed_generation: int | None = Field(
         default=None, description="observedGeneration is the spec generation the operator last applied."

@@ -23,6 +23,7 @@ from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.models import TERMINAL_JOB_PHASES, AgentJobStatus, EpisodeStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.quota import BudgetQuotaSpec, BudgetQuotaStatus
+from posttrain_operator.backends.base import BackendError, UnknownFlavor
 from posttrain_operator.metrics import QuotaSeen
 from posttrain_operator.reconcile.context import Context
 
@@ -138,13 +139,23 @@ class Resolution:
 
 
 async def _resolve(
-    ctx: Context, namespace: str, job: str, entry_episode: str, held: int
+    ctx: Context, namespace: str, job: str, entry_episode: str, held: int, parsed: dict[str, EpisodeStatus]
 ) -> Resolution | None:
     """Whether a reservation no job pass will settle can be resolved now, and how. The Episode's ledger
     decides: settled there, settled here at the same bill; gone, at the reservation (the worst case,
     as for a job deleted unsettled); no entry there, released once the job can no longer be admitted."""
     watched = ctx.watched_episodes.get((namespace, entry_episode))
-    episode = dict(watched) if watched is not None else await ctx.kube.get_episode(namespace, entry_episode)
+    if watched is not None:  # an entry, once on the ledger, stays: the watch's copy can say so
+        if entry_episode not in parsed:  # once per Episode and pass: it may hold many reservations
+            parsed[entry_episode] = status_of(EpisodeStatus, watched.get("status"))
+        seen = parsed[entry_episode]
+        billed = billed_on_ledger(seen, job)
+        if billed is not None:
+            return Resolution(job, billed, "settled on its Episode's ledger")
+        if job in seen.ledger.entries:
+            return None  # running: its own pass settles it
+    # Anything else is decided on a fresh read: a copy older than the admission has no entry yet.
+    episode = await ctx.kube.get_episode(namespace, entry_episode)
     if episode is None:
         return Resolution(job, held, f"its Episode {entry_episode} is gone; settled at the reservation")
     status = status_of(EpisodeStatus, episode.get("status"))
@@ -169,18 +180,48 @@ async def reconcile_quota(ctx: Context, namespace: str) -> None:
         return
     current = status_of(BudgetQuotaStatus, body.get("status"))
     resolutions: list[Resolution] = []
+    parsed: dict[str, EpisodeStatus] = {}
     for job, entry in sorted(current.reservations.items()):
         # Under the job's lock: an admission pass of this job in this process is not half way.
         async with ctx.locks("agentjob", namespace, job):
-            found = await _resolve(ctx, namespace, job, entry.episode, entry.micro_usd)
+            found = await _resolve(ctx, namespace, job, entry.episode, entry.micro_usd, parsed)
         if found is not None:
             resolutions.append(found)
-    await _refresh(ctx, namespace, resolutions)
+    await _refresh(ctx, namespace, resolutions, await _unoffered_flavors(ctx, body))
     for found in resolutions:
         log.info("quota %s: %s: %s", namespace, found.job, found.why)
 
 
-async def _refresh(ctx: Context, namespace: str, resolutions: list[Resolution]) -> None:
+async def _unoffered_flavors(ctx: Context, body: dict[str, Any]) -> list[str] | None:
+    """The quota's flavors that no backend it allows offers (a typo admits nothing of that flavor, so
+    the platform is told); None when it cannot be told now (a backend not answering) or need not be."""
+    try:
+        terms = terms_in(body)
+    except QuotaInvalid:
+        return None
+    if terms.flavors is None:
+        return None
+    backends = [b for name, b in ctx.backends.items() if terms.backends is None or name in terms.backends]
+    unoffered = []
+    for flavor in sorted(terms.flavors):
+        offered = False
+        for backend in backends:
+            try:
+                await backend.price(flavor)
+            except UnknownFlavor:
+                continue
+            except BackendError:
+                return None
+            offered = True
+            break
+        if not offered:
+            unoffered.append(flavor)
+    return unoffered
+
+
+async def _refresh(
+    ctx: Context, namespace: str, resolutions: list[Resolution], unoffered: list[str] | None
+) -> None:
     now = ctx.clock()
 
     def mutate(body: dict[str, Any], current: BudgetQuotaStatus) -> tuple[BudgetQuotaStatus | None, None]:
@@ -212,6 +253,16 @@ async def _refresh(ctx: Context, namespace: str, resolutions: list[Resolution]) 
         conditions, _ = ctx.set_condition(
             body, conditions, cond.OVER_LIMIT, over, "LimitLowered" if over else "WithinLimit", why
         )
+        if unoffered is not None:
+            offered = (
+                f"no backend this quota allows offers {', '.join(unoffered)}: no job can use them"
+                if unoffered
+                else "every flavor listed is offered"
+            )
+            conditions, _ = ctx.set_condition(
+                body, conditions, cond.FLAVORS_OFFERED, not unoffered,
+                cond.UNKNOWN_FLAVOR if unoffered else "Offered", offered,
+            )  # fmt: skip
         generation = body["metadata"].get("generation")
         new = new.model_copy(update={"conditions": conditions, "observed_generation": generation})
         return (None if new == current else new), None

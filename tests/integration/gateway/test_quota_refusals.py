@@ -32,7 +32,7 @@ async def test_the_agent_is_told_the_quota_refused_its_job(kubectl: Kubectl, gat
         assert "allows this episode: cpu-basic" in json.dumps(upgrade["observation"]), upgrade
         episode = reset["observation"]["episode"]
     quota_now = kubectl_json(kubectl, "-n", gateway.namespace, "get", "budgetquota", "default")
-    assert quota_now["status"].get("reservations", {}) == {}
+    assert not quota_now["status"].get("reservations")
     assert quota_now["status"]["reservedMicroUSD"] == 0 and quota_now["status"]["settledMicroUSD"] == 0
     ledger = kubectl_json(kubectl, "-n", gateway.namespace, "get", "episode", episode)["status"]["ledger"]
     assert ledger.get("entries", {}) == {} and ledger["reservedMicroUSD"] == 0

@@ -124,7 +124,7 @@ def _check_books(
 
     billed = emulator.total_cost_micro_usd()
     status = quota["status"]
-    assert status.get("reservations", {}) == {}
+    assert not status.get("reservations")
     assert status["settledMicroUSD"] + status["platformMicroUSD"] == billed
     month = datetime.now(UTC).strftime("%Y-%m")
     assert status["window"] == month
@@ -304,3 +304,36 @@ def test_bad_quotas_are_refused_by_the_api_server_and_change_nothing(
     refused = kubectl("-n", namespace, "create", "-f", "-", input=yaml.safe_dump(manifest), check=False)
     assert refused.returncode != 0 and error in refused.stderr, refused.stderr
     assert kubectl_json(kubectl, "-n", namespace, "get", "budgetquotas")["items"] == []
+
+
+def test_a_flavor_no_allowed_backend_offers_is_reported_and_the_rest_still_admit(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
+) -> None:
+    apply(kubectl, namespace, quota_manifest(10 * CPU_BASIC, flavors=["cpu-basic", "cpu-basci"]))
+
+    def reported() -> dict[str, Any] | None:
+        status = _quota(kubectl, namespace).get("status", {})
+        found = {c["type"]: c for c in status.get("conditions", [])}
+        return found if "FlavorsOffered" in found else None
+
+    conditions = wait_for(reported, timeout=60, what="the quota's FlavorsOffered condition")
+    offered = conditions["FlavorsOffered"]
+    assert (offered["status"], offered["reason"]) == ("False", "UnknownFlavor")
+    assert offered["message"] == "no backend this quota allows offers cpu-basci: no job can use them"
+    assert conditions["Ready"]["status"] == "True"  # the quota still applies to the flavors it has right
+    apply(kubectl, namespace, episode_manifest("ep", budget="1.00"))
+    wait_phase(kubectl, namespace, "episode", "ep", {"Running"})
+    apply(kubectl, namespace, agentjob_manifest("basic", "ep", timeoutSeconds=60))
+    assert (
+        wait_phase(kubectl, namespace, "agentjob", "basic", {"Succeeded"})["status"]["phase"] == "Succeeded"
+    )
+
+    # Fixed by the platform: the condition turns, and nothing else about the quota changed.
+    kubectl("-n", namespace, "patch", "budgetquota", "default", "--type=merge",
+            "-p", '{"spec": {"flavors": ["cpu-basic"]}}')  # fmt: skip
+    fixed = wait_for(
+        lambda: (c := reported()) is not None and c["FlavorsOffered"]["status"] == "True" and c,
+        timeout=60, what="the condition to turn once the typo is fixed",
+    )  # fmt: skip
+    assert fixed["FlavorsOffered"]["reason"] == "Offered"
+    assert len(emulator.job_ids()) == 1

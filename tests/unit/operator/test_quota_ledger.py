@@ -191,3 +191,21 @@ def test_invariant_holds_under_any_sequence(
         assert refreshed.reserved_micro_usd + refreshed.settled_micro_usd <= t.limit_micro_usd
     booked = sum(r.settled_micro_usd + r.platform_micro_usd for r in status.periods)
     assert booked <= billed  # equal unless pruning dropped old records
+
+
+def test_reservations_are_written_one_line_per_job_and_read_back_the_same() -> None:
+    status = BudgetQuotaStatus.model_validate(
+        {"reservations": {"j1": {"episode": "ep", "period": "2026-12", "microUSD": 100},
+                          "score": {"episode": "ep", "period": "2026-12", "microUSD": 0, "platform": True}}}
+    )  # fmt: skip
+    wire = status.wire()
+    assert wire["reservations"] == ["j1 ep 2026-12 100", "score ep 2026-12 0 platform"]
+    assert BudgetQuotaStatus.model_validate(wire) == status
+
+
+@pytest.mark.parametrize(
+    "line", ["j1 ep 2026-12", "j1 ep 2026-12 -5", "j1 ep 2026-12 5 grader", "j1 ep 2026-13x 5"]
+)
+def test_a_reservation_line_that_is_not_one_is_refused(line: str) -> None:
+    with pytest.raises(ValidationError, match=r"reservation|period"):
+        BudgetQuotaStatus.model_validate({"reservations": [line]})
