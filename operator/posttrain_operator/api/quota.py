@@ -116,7 +116,7 @@ def _held_to_wire(held: dict[str, QuotaReservation]) -> list[str]:
 
 # By job in Python; on the wire, one string per job in an atomic list. The API server validates and
 # tracks the fields of a map of objects one by one: with 1,000 jobs running in a namespace, each
-# admission's write of its quota took 190 ms as a map against 19 ms as these lines (docs/quotas.md).
+# admission's write of its quota took 190 ms as a map against 19 ms as these lines (docs/benchmarks.md).
 Reservations = Annotated[
     dict[str, QuotaReservation],
     BeforeValidator(_held_from_wire),
