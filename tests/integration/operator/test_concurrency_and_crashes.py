@@ -3,10 +3,6 @@ backend job is ever submitted twice, none is lost, and the books match what the 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,43 +23,11 @@ from tests.integration.conftest import (
     running_operator,
     wait_phase,
 )
+from tests.integration.watching import ObjectWatch
 
 CPU_BASIC = 167  # micro-dollars per minute
 IN_FLIGHT = "an earlier submission may still be in flight"
 TERMINAL = {"Succeeded", "Failed", "Cancelled", "Rejected"}
-
-
-class EpisodeWatch:
-    """Every version of one Episode, as `kubectl get -w` streams it, parsed in a thread."""
-
-    def __init__(self, cluster: devcluster.ClusterState, namespace: str, name: str) -> None:
-        self.versions: list[dict[str, Any]] = []
-        self._proc = subprocess.Popen(
-            [str(cluster.kubectl()), f"--kubeconfig={cluster.kubeconfig}", "-n", namespace,
-             "get", "episode", name, "--watch", "-o", "json"],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        decoder, buffer = json.JSONDecoder(), ""
-        for line in self._proc.stdout:
-            buffer += line
-            try:
-                obj, end = decoder.raw_decode(buffer.strip())
-            except json.JSONDecodeError:
-                continue
-            self.versions.append(obj)
-            buffer = buffer.strip()[end:]
-
-    def stop(self) -> list[dict[str, Any]]:
-        time.sleep(1)  # let the last events arrive
-        self._proc.terminate()
-        self._proc.wait(timeout=10)
-        self._thread.join(timeout=10)
-        return self.versions
 
 
 def _all_terminal(kubectl: Kubectl, namespace: str, count: int) -> list[dict[str, Any]] | None:
@@ -96,7 +60,7 @@ def test_fifty_jobs_at_once_never_overspend(
     budget = f"0.{admits_at_most * CPU_BASIC:06d}"
     apply(kubectl, namespace, episode_manifest("ep1", budget=budget, limits={"maxConcurrentJobs": 100}))
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
-    watch = EpisodeWatch(cluster, namespace, "ep1")
+    watch = ObjectWatch(cluster, namespace, "episode", "ep1")
 
     jobs = [agentjob_manifest(f"j{i:02d}", "ep1", timeoutSeconds=60) for i in range(50)]
     kubectl("-n", namespace, "create", "-f", "-", input=yaml.safe_dump_all(jobs))
@@ -104,7 +68,7 @@ def test_fifty_jobs_at_once_never_overspend(
         lambda: _all_terminal(kubectl, namespace, 50), timeout=120, what="all 50 jobs to finish"
     )
     wait_for(lambda: get(kubectl, namespace, "episode", "ep1")["status"]["ledger"]["reservedMicroUSD"] == 0)
-    versions = watch.stop()
+    versions = watch.stop(kubectl)
 
     phases = Counter(j["status"]["phase"] for j in final_jobs)
     assert phases["Succeeded"] == admits_at_most, phases
