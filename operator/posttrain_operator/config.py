@@ -149,6 +149,10 @@ class OperatorSettings(BaseSettings):
     metrics_port: int = Field(default=8082, ge=0, le=65535)
 
     poll_interval_seconds: float = Field(default=10.0, gt=0)
+    # The share of a provider's rate limit the status passes may use (HF's smallest tier allows 1,000
+    # requests per 5 minutes: 200 a minute); a pass over many jobs costs a request per list page,
+    # so with many jobs passes are spaced out to stay within it (deadlines are kept from the clock).
+    poll_requests_per_minute: float = Field(default=120.0, gt=0)
     episode_tick_seconds: float = Field(default=2.0, gt=0)
     # The namespaces the operator serves (kopf's --namespace); empty: all of them.
     watch_namespaces: list[str] = Field(default_factory=list)

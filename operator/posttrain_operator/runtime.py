@@ -47,8 +47,7 @@ def _hf_jobs_backend(settings: OperatorSettings) -> Backend:
             ),
         )
     assert settings.hf_namespace is not None
-    install_client_timeout(settings.hf_http_timeout_seconds)
-    return HfJobsBackend(
+    backend = HfJobsBackend(
         HfJobsConfig(
             endpoint=settings.hf_endpoint,
             token=token,
@@ -63,6 +62,8 @@ def _hf_jobs_backend(settings: OperatorSettings) -> Backend:
             max_package_bytes=settings.max_package_bytes,
         )
     )
+    install_client_timeout(settings.hf_http_timeout_seconds, backend.stats)
+    return backend
 
 
 def _pods_backend(settings: OperatorSettings, api_client: Any) -> Backend:

@@ -154,6 +154,12 @@ class CallStats:
     retries: dict[str, int] = field(default_factory=dict)
     rate_limit_waits: int = 0
     rate_limit_wait_seconds: float = 0.0
+    # HTTP requests sent, pages included (a list of 10,000 jobs is one call and 200 requests): what a
+    # provider's rate limit counts, and what the poller paces its passes by.
+    http_requests: int = 0
+
+    def sent(self) -> None:
+        self.http_requests += 1
 
     def count(self, method: str) -> None:
         self.calls[method] = self.calls.get(method, 0) + 1

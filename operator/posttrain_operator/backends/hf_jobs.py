@@ -85,12 +85,16 @@ def _request_id(request: httpx2.Request) -> None:
     request.headers.setdefault("X-Amzn-Trace-Id", str(uuid.uuid4()))
 
 
-def install_client_timeout(timeout_s: float) -> None:
+def install_client_timeout(timeout_s: float, stats: CallStats | None = None) -> None:
     """The client's default session has no timeout, and a silent server would block a thread forever.
-    Through the public factory, so the client is ours whole: redirects, a request id, a timeout."""
+    Through the public factory, so the client is ours whole: redirects, a request id, a timeout, and
+    every request (each page of a list) counted on `stats`. The factory is the process's: one backend."""
+    hooks: list[Callable[[httpx2.Request], None]] = [_request_id]
+    if stats is not None:
+        hooks.append(lambda _request: stats.sent())
     set_client_factory(
         lambda: httpx2.Client(
-            event_hooks={"request": [_request_id]},
+            event_hooks={"request": hooks},
             follow_redirects=True,
             timeout=httpx2.Timeout(timeout_s),
         )

@@ -1,15 +1,22 @@
-"""Batched status polling: one backend call per poll for every running job of that backend.
+"""Batched status polling: one backend call per pass for every running job of that backend.
 
 The set of running jobs is kept in memory from the AgentJob watch (`ActiveJobs.observe`), so a poll
 costs no Kubernetes list either. Transitions are written to each job as they happen.
+
+A pass costs one request per page of the backend's list (HF Jobs: 50 jobs a page, so 200 requests
+at 10,000 jobs), and providers count requests against a rate limit. So passes are paced by what the
+last one cost (`PassPacer`), and between passes each job's deadline is kept from the local clock:
+a job past its timeout is cancelled on time however far apart the passes are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from datetime import timedelta
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from posttrain_operator.api import conditions as cond
@@ -72,6 +79,47 @@ class ActiveJobs:
         return grouped
 
 
+@dataclass
+class PassPacer:
+    """When each backend's next status pass is due: `interval` after the last one, or later when its
+    requests, spread at `requests_per_minute`, need longer (the pass's cost is measured, not guessed:
+    page sizes are the provider's)."""
+
+    interval: float
+    requests_per_minute: float
+    clock: Callable[[], float] = time.monotonic
+    next_pass: dict[str, float] = field(default_factory=dict)
+
+    def due(self, backend: str) -> bool:
+        return self.clock() >= self.next_pass.get(backend, 0.0)
+
+    def spent(self, backend: str, requests: int, started: float) -> float:
+        """Record a pass that began at `started` and sent `requests`; returns the gap to the next."""
+        gap = max(self.interval, requests * 60.0 / self.requests_per_minute)
+        self.next_pass[backend] = started + gap
+        return gap
+
+
+def _overdue(ctx: Context, job: ActiveJob, started: datetime | None, stage: str) -> str | None:
+    """Why the job must be cancelled now, if it ran past its timeout and the grace."""
+    deadline_from = started or parse_time(job.submitted_at)
+    if deadline_from is None:
+        return None
+    limit = timedelta(seconds=job.timeout_seconds + ctx.settings.job_deadline_grace_seconds)
+    if ctx.clock() - deadline_from <= limit:
+        return None
+    return f"still {stage} {job.timeout_seconds}s after it started; cancelled"
+
+
+async def _cancel_overdue(ctx: Context, job: ActiveJob, message: str) -> None:
+    await cancel_agentjob(ctx, job.namespace, job.name, cond.DEADLINE_EXCEEDED, message)
+
+
+async def _cancel_if_overdue(ctx: Context, job: ActiveJob, message: str) -> None:
+    async with ctx.locks("agentjob", job.namespace, job.name):
+        await _cancel_overdue(ctx, job, message)
+
+
 async def _launcher_verdict(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> tuple[str, str] | None:
     """The launcher's named cause of a failure, read from the end of the job's log (one backend call,
     and only for the exit codes the launcher uses itself)."""
@@ -106,18 +154,10 @@ async def _apply(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> None:
             )
             return
         started = remote.started_at
-        deadline_from = started or parse_time(job.submitted_at)
-        if deadline_from is not None:
-            limit = timedelta(seconds=job.timeout_seconds + ctx.settings.job_deadline_grace_seconds)
-            if ctx.clock() - deadline_from > limit:
-                await cancel_agentjob(
-                    ctx,
-                    job.namespace,
-                    job.name,
-                    cond.DEADLINE_EXCEEDED,
-                    f"still {remote.stage} {job.timeout_seconds}s after it started; cancelled",
-                )
-                return
+        overdue = _overdue(ctx, job, started, remote.stage)
+        if overdue is not None:
+            await _cancel_overdue(ctx, job, overdue)
+            return
         if remote.raw_stage and remote.raw_stage != job.stage:
             seen: dict[str, Any] = {"backend_stage": remote.raw_stage}
             if started is not None:
@@ -127,33 +167,56 @@ async def _apply(ctx: Context, job: ActiveJob, remote: RemoteStatus) -> None:
             await ctx.kube.patch_agentjob_status(job.namespace, job.name, update, partial=True)
 
 
-async def poll_once(ctx: Context, active: ActiveJobs) -> None:
+async def _gathered(what: str, calls: Sequence[Awaitable[None]]) -> None:
+    for result in await asyncio.gather(*calls, return_exceptions=True):
+        if isinstance(result, Exception):
+            log.warning("%s failed: %r", what, result)
+
+
+async def _status_pass(ctx: Context, backend_name: str, jobs: list[ActiveJob], pacer: PassPacer) -> None:
+    backend = ctx.backends[backend_name]
+    started, sent_before = pacer.clock(), backend.stats.http_requests
+    try:
+        statuses = await backend.status_many([j.handle for j in jobs])
+    except BackendError as exc:
+        log.warning("status poll of %d %s jobs failed: %s", len(jobs), backend_name, exc)
+        return
+    finally:
+        gap = pacer.spent(backend_name, backend.stats.http_requests - sent_before, started)
+    if gap > pacer.interval:
+        log.info("%s: %d jobs cost a pass of %d requests; next pass in %.0f s", backend_name, len(jobs),
+                 backend.stats.http_requests - sent_before, gap)  # fmt: skip
+    calls = [_apply(ctx, job, statuses[job.handle.backend_job_id]) for job in jobs
+             if job.handle.backend_job_id in statuses]  # fmt: skip
+    await _gathered("applying a polled status", calls)
+
+
+async def _keep_deadlines(ctx: Context, jobs: list[ActiveJob]) -> None:
+    """Between passes: cancel what the local clock says ran out (started_at as the last pass saw it)."""
+    calls = []
+    for job in jobs:
+        overdue = _overdue(ctx, job, None, job.stage or "active")
+        if overdue is not None:
+            calls.append(_cancel_if_overdue(ctx, job, overdue))
+    await _gathered("cancelling an overdue job", calls)
+
+
+async def poll_once(ctx: Context, active: ActiveJobs, pacer: PassPacer) -> None:
     for backend_name, jobs in active.by_backend().items():
-        backend = ctx.backends.get(backend_name)
-        if backend is None:
+        if backend_name not in ctx.backends:
             continue
-        try:
-            statuses = await backend.status_many([j.handle for j in jobs])
-        except BackendError as exc:
-            log.warning("status poll of %d %s jobs failed: %s", len(jobs), backend_name, exc)
-            continue
-        results = await asyncio.gather(
-            *(
-                _apply(ctx, job, statuses[job.handle.backend_job_id])
-                for job in jobs
-                if job.handle.backend_job_id in statuses
-            ),
-            return_exceptions=True,
-        )
-        for result in results:
-            if isinstance(result, Exception):
-                log.warning("applying a polled status failed: %r", result)
+        if pacer.due(backend_name):
+            await _status_pass(ctx, backend_name, jobs, pacer)
+        else:
+            await _keep_deadlines(ctx, jobs)
 
 
 async def poll_forever(ctx: Context, active: ActiveJobs) -> None:
+    settings = ctx.settings
+    pacer = PassPacer(settings.poll_interval_seconds, settings.poll_requests_per_minute)
     while True:
         try:
-            await poll_once(ctx, active)
+            await poll_once(ctx, active, pacer)
         except Exception:
             log.exception("status poll failed")
-        await asyncio.sleep(ctx.settings.poll_interval_seconds)
+        await asyncio.sleep(settings.poll_interval_seconds)

@@ -273,6 +273,7 @@ class FakeBackend:
         self.fail_submit: BackendError | None = None
         self.resolved: tuple[PackagePin, ...] = ()  # what a resolving backend staged for a job
         self.fail_price: BackendError | None = None
+        self.page_size = 50  # jobs per list request, as HF Jobs pages them
         self._ids = itertools.count(1)
 
     async def price(self, flavor: str) -> int:
@@ -300,6 +301,8 @@ class FakeBackend:
 
     async def status_many(self, handles: Sequence[Handle]) -> dict[str, RemoteStatus]:
         self.stats.count("status_many")
+        for _page in range(max(1, -(-len(handles) // self.page_size))):
+            self.stats.sent()
         known = [h.backend_job_id for h in handles if h.backend_job_id in self.jobs]
         return {job_id: self.jobs[job_id].status for job_id in known}
 

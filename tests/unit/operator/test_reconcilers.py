@@ -6,6 +6,7 @@ same paths against the real API server and the HF emulator."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -29,7 +30,7 @@ from posttrain_operator.reconcile.ending import settle_ended
 from posttrain_operator.reconcile.episode import reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.orphans import collect_orphans
-from posttrain_operator.reconcile.poller import ActiveJobs, poll_once
+from posttrain_operator.reconcile.poller import ActiveJobs, PassPacer, poll_once
 
 from tests.unit.operator.fakes import FakeBackend, FakeClock, FakeKubernetes
 
@@ -65,6 +66,10 @@ class World:
     def ledger(self, episode: str = "ep") -> dict[str, Any]:
         ledger: dict[str, Any] = self.status("episodes", episode)["ledger"]
         return ledger
+
+    async def poll(self) -> None:
+        """A status pass now, whatever the last one cost."""
+        await poll_once(self.ctx, self.watched(), PassPacer(interval=0.0, requests_per_minute=math.inf))
 
     def watched(self) -> ActiveJobs:
         """What the AgentJob watch would have told the poller by now."""
@@ -286,7 +291,7 @@ async def test_a_finished_job_is_settled_at_its_billed_minutes(world: World) -> 
     job_id = world.backend.only_job()
     begun = world.clock() + timedelta(seconds=5)
     world.backend.set_stage(job_id, RemoteStatus("running", started_at=begun, raw_stage="RUNNING"))
-    await poll_once(world.ctx, world.watched())
+    await world.poll()
     status = world.status("agentjobs", "j1")
     assert status["backendStage"] == "RUNNING" and status["startedAt"] == format_time(begun)
     assert status["reservedMicroUSD"] == CPU_BASIC * 10  # the poller wrote only what it saw
@@ -294,7 +299,7 @@ async def test_a_finished_job_is_settled_at_its_billed_minutes(world: World) -> 
     world.backend.artifact_files["ns/ep/j1"] = {"answer.json": b"{}"}
     ended = begun + timedelta(seconds=61)
     world.backend.set_stage(job_id, RemoteStatus("succeeded", "", begun, ended, "COMPLETED", exit_code=0))
-    await poll_once(world.ctx, world.watched())
+    await world.poll()
 
     status = world.status("agentjobs", "j1")
     assert (status["phase"], status["billedSeconds"], status["exitCode"]) == ("Succeeded", 61, 0)
@@ -312,7 +317,7 @@ async def test_a_dev_evaluation_reads_its_score_from_the_result_file(world: Worl
     result = {"status": "ok", "score": 0.955, "n": 200, "grader_version": "1"}
     world.backend.artifact_files["ns/ep/ev"] = {"result.json": json.dumps(result).encode()}
     world.backend.set_stage(job_id, RemoteStatus("succeeded", "", world.clock(), world.clock(), "COMPLETED"))
-    await poll_once(world.ctx, world.watched())
+    await world.poll()
     assert world.status("agentjobs", "ev")["result"] == {
         "status": "ok", "score": "0.955", "n": 200, "graderVersion": "1"
     }  # fmt: skip
@@ -326,11 +331,11 @@ async def test_the_poller_cancels_a_job_past_its_timeout_and_grace(world: World)
     begun = world.clock()
     world.backend.set_stage(job_id, RemoteStatus("running", started_at=begun, raw_stage="RUNNING"))
     world.clock.advance(600 + 60)  # timeout and grace, not past them
-    await poll_once(world.ctx, world.watched())
+    await world.poll()
     assert world.status("agentjobs", "j1")["phase"] == "Running"
 
     world.clock.advance(1)
-    await poll_once(world.ctx, world.watched())
+    await world.poll()
     status = world.status("agentjobs", "j1")
     assert (status["phase"], status["reason"]) == ("Cancelled", cond.DEADLINE_EXCEEDED)
     assert "exitCode" not in status  # the backend reported none
