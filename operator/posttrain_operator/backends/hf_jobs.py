@@ -114,6 +114,7 @@ class HfJobsBackend:
         self._prices_lock = asyncio.Lock()
         self._prices_failure: tuple[float, str] | None = None  # when the last lookup failed, and why
         self._staging = asyncio.Semaphore(2)
+        self._list_requests = 1  # what the last list of active jobs cost, in requests (its pages)
 
     async def _call(self, method: str, fn: Callable[[], T], *, retry: bool = True) -> T:
         """Run a blocking client call in a thread; retry transient failures with backoff."""
@@ -308,9 +309,15 @@ class HfJobsBackend:
         return Handle(first.id)
 
     async def status_many(self, handles: Sequence[Handle]) -> dict[str, RemoteStatus]:
-        """One list call for everything still active; one inspect per job that left that list."""
+        """One list call for everything still active; one inspect per job that left that list. A list
+        costs a request per page, so fewer jobs than the last list's pages (a cancel's check among
+        thousands of running jobs) are inspected one by one instead."""
         if not handles:
             return {}
+        wanted = {h.backend_job_id for h in handles}
+        if len(wanted) < self._list_requests:
+            return {job_id: await self._inspect(job_id) for job_id in wanted}
+        sent_before = self.stats.http_requests
         active = await self._call(
             "list_jobs",
             lambda: list(
@@ -321,8 +328,8 @@ class HfJobsBackend:
                 )
             ),
         )
+        self._list_requests = max(1, self.stats.http_requests - sent_before)
         statuses = {info.id: status_of(info) for info in active}
-        wanted = {h.backend_job_id for h in handles}
         for job_id in wanted - statuses.keys():
             statuses[job_id] = await self._inspect(job_id)
         return {job_id: statuses[job_id] for job_id in wanted}

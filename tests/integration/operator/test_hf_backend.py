@@ -237,19 +237,30 @@ async def test_packages_without_an_index_are_refused_before_anything_is_created(
     assert await backend.find("k-no-index") is None
 
 
-async def test_status_of_many_jobs_is_one_list_call(
+async def test_status_of_many_jobs_is_one_list_call_and_of_a_few_among_many_an_inspect_each(
     backend: HfJobsBackend, backend_emulator: HfEmulator
 ) -> None:
     backend_emulator.stop()
-    emu, data_dir = make_emulator(execute=False, simulated_runtime=600.0)
+    emu, data_dir = make_emulator(execute=False, simulated_runtime=600.0, page_size=4)
     try:
         many = HfJobsBackend(backend.config.__class__(**{**backend.config.__dict__, "endpoint": emu.url}))
+        install_client_timeout(3.0, many.stats)  # every request counted, pages included
         handles = [await many.submit(_request(f"k{i}")) for i in range(30)]
         emu.reset_stats()
+        sent = many.stats.http_requests
         statuses = await many.status_many(handles)
         assert {s.stage for s in statuses.values()} == {"running"}
-        assert emu.request_counts() == {routes.LIST_JOBS: 1}
+        assert emu.request_counts() == {routes.LIST_JOBS: 8}  # one list call, 8 pages of 4
+        assert many.stats.http_requests - sent == 8 and many.stats.calls["list_jobs"] == 1
+        # A cancel's check of one job (or a few) among them: cheaper one by one than the 8 pages.
+        emu.reset_stats()
+        few = await many.status_many(handles[:3])
+        assert {s.stage for s in few.values()} == {"running"} and few.keys() == {
+            h.backend_job_id for h in handles[:3]
+        }
+        assert emu.request_counts() == {routes.INSPECT_JOB: 3}
     finally:
+        install_client_timeout(3.0)
         emu.stop()
         remove_tree(data_dir)
 
