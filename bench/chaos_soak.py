@@ -1,0 +1,349 @@
+"""Chaos soak: thousands of admissions over several minutes while every part fails at seeded moments.
+
+    python bench/chaos_soak.py --seed 1 [--minutes 6] [--episodes 150] [--jobs 3000]
+
+Against its own devstack control plane and the HF Jobs emulator (jobs 'run' for a minute without a
+process), with the operator as a real `kopf run` process. While AgentJobs arrive at a steady rate
+into Episodes that each hold a few jobs at a time and a small budget, a timeline drawn from the seed:
+
+- kills the operator (SIGKILL) and starts it again;
+- restarts the kube-apiserver (etcd and the controllers keep running);
+- makes the emulator answer creates, inspects, lists and cancels with 5xx, 429, dropped connections,
+  lost responses (the job is created, the answer never comes), hangs past the client's timeout and
+  slow answers;
+- ends Episodes early with jobs running: deleted, or submitted (a grader job then runs); the others
+  end at their wall-clock limit.
+
+Then the faults stop and the soak waits until everything has settled, and checks from outside:
+every AgentJob terminal; no backend job created twice or left running; `reserved + settled <=
+budget` on every Episode version a watch delivered; settled plus platform spend equal to what the
+backend billed, for every ended Episode; no orphan left untyped. It prints its seed, the faults it
+made, the figures, and every violation; it exits non-zero on any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from admissions import BENCH_AGENT, GROUP, REPO, VERSION
+from kubernetes_asyncio import client, config, watch
+from posttrain_operator.api.models import TERMINAL_JOB_PHASES
+from posttrain_operator.api.rules import new_job_metadata
+from posttrain_operator.backends.hf_jobs import EPISODE_LABEL, KEY_LABEL, label_value
+from soak_faults import FAULT_ROUTES, Timeline, backend_fault
+
+from devstack import cluster as devcluster
+from devstack.hf_emulator import Fault
+from devstack.hf_emulator.repos import remove_tree
+from tests.integration.conftest import OperatorProcess, make_emulator, register_placeholder_repos
+
+ACTIVE = {"stage": ["RUNNING", "SCHEDULING"]}
+ENDED = {"Succeeded", "Failed", "Completed"}  # an Episode's terminal phases
+JOB_SECONDS = 60.0  # how long a backend job runs unless cancelled
+SETTLE_TIMEOUT = 900.0  # after the faults stop, how long everything may take to settle
+
+
+class Soak:
+    """The stack, the load and the observations of one seeded run."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.timeline = Timeline.draw(self.rng, args.minutes * 60, kills=args.kills,
+                                      apiserver_restarts=args.apiserver_restarts, faults=args.faults,
+                                      episodes=args.episodes)  # fmt: skip
+        self.versions = 0
+        self.violations: list[str] = []
+        self.created = 0
+        self.ended_by: Counter[str] = Counter()
+        self.live: list[dict[str, Any]] = []  # Episodes the load still sends jobs to
+        self.faults_made: Counter[str] = Counter()
+        self.faults: list[Fault] = []  # hits are counted on them as requests meet them
+
+    async def start(self) -> None:
+        self.state = devcluster.up(f"soak-{self.args.seed}")
+        kubectl = [str(self.state.kubectl()), f"--kubeconfig={self.state.kubeconfig}"]
+        proc = await asyncio.create_subprocess_exec(
+            *kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"),
+            stdout=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        assert await proc.wait() == 0, "the CRDs did not apply"
+        self.namespace = f"soak-{uuid.uuid4().hex[:6]}"
+        self.emulator, self.data_dir = make_emulator(
+            execute=False, simulated_runtime=JOB_SECONDS, page_size=50
+        )
+        register_placeholder_repos(self.emulator, Path(tempfile.mkdtemp()) / "repos")
+        await config.load_kube_config(str(self.state.kubeconfig))
+        self.api = client.ApiClient()
+        self.api.user_agent = BENCH_AGENT
+        self.custom = client.CustomObjectsApi(self.api)
+        await client.CoreV1Api(self.api).create_namespace({"metadata": {"name": self.namespace}})
+        self.operator = OperatorProcess(
+            self.state, self.emulator, Path(tempfile.mkdtemp(prefix="soak-operator-")), self.namespace,
+            POSTTRAIN_POLL_INTERVAL_SECONDS="2", POSTTRAIN_EPISODE_TICK_SECONDS="2",
+            POSTTRAIN_HF_HTTP_TIMEOUT_SECONDS="5",
+        ).start()  # fmt: skip
+        await asyncio.to_thread(self.operator.wait_ready)
+
+    async def stop(self) -> None:
+        self.operator.stop()
+        self.emulator.stop()
+        remove_tree(self.data_dir)
+        await self.api.close()
+        devcluster.down(self.state.name)
+
+    # -- the load --------------------------------------------------------------------------------
+
+    async def create(self, plural: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create, retried through API server restarts; None if it exists already (an earlier try
+        that went through) or was refused (an Episode that ended meanwhile)."""
+        while True:
+            try:
+                created: dict[str, Any] = await self.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, plural, body
+                )
+                return created
+            except client.ApiException as exc:
+                if exc.status in (409, 422, 403, 404):
+                    return None
+            except Exception:  # the API server is restarting
+                pass
+            await asyncio.sleep(1)
+
+    async def make_episodes(self) -> None:
+        for e in range(self.args.episodes):
+            wall = int(self.rng.uniform(0.4, 1.3) * self.args.minutes * 60)
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": f"ep{e:03d}"},
+                    "spec": {"task": "t0_artifact", "budgetUSD": "0.005", "backend": "hf-jobs",
+                             "limits": {"maxConcurrentJobs": 4, "maxWallSeconds": wall,
+                                        "maxJobTimeoutSeconds": 300}}}  # fmt: skip
+            created = await self.create("episodes", body)
+            if created is not None:
+                self.live.append(created)
+
+    async def load(self, seconds: float) -> None:
+        """AgentJobs at a steady rate into live Episodes, made as the gateway makes them."""
+        gap = seconds / self.args.jobs
+        pending: set[asyncio.Task[None]] = set()
+        started = time.monotonic()
+        for n in range(self.args.jobs):
+            await asyncio.sleep(max(0.0, started + n * gap - time.monotonic()))
+            if not self.live:
+                break
+            episode = self.rng.choice(self.live)
+            name = f"{episode['metadata']['name']}-j{n}"
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentJob",
+                    "metadata": new_job_metadata(name, episode),
+                    "spec": {"episode": episode["metadata"]["name"], "purpose": "train", "script": "print(1)",
+                             "flavor": "cpu-basic", "timeoutSeconds": 240}}  # fmt: skip
+            pending.add(asyncio.create_task(self.create_job(body)))
+        await asyncio.gather(*pending)
+
+    async def create_job(self, body: dict[str, Any]) -> None:
+        if await self.create("agentjobs", body) is not None:
+            self.created += 1
+
+    # -- the timeline ----------------------------------------------------------------------------
+
+    async def run_timeline(self) -> None:
+        started = time.monotonic()
+        for at, action in self.timeline.events:
+            await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+            try:
+                await self.act(action)
+            except Exception as exc:  # an action that failed is reported, never fatal to the soak
+                self.violations.append(f"the soak's own action {action} failed: {exc!r}")
+
+    async def act(self, action: str) -> None:
+        if action == "kill":
+            self.operator.kill()
+            self.operator.start()
+        elif action == "apiserver":
+            await asyncio.to_thread(devcluster.stop_apiserver, self.state)
+            await asyncio.sleep(self.rng.uniform(1, 5))
+            await asyncio.to_thread(devcluster.start_apiserver, self.state)
+        elif action == "fault":
+            fault = backend_fault(self.rng)
+            self.faults.append(self.emulator.add_fault(fault))
+            self.faults_made[f"{fault.kind} {FAULT_ROUTES[fault.route]}"] += 1
+        elif action in ("delete", "submit") and self.live:
+            episode = self.live.pop(self.rng.randrange(len(self.live)))
+            await self.end_early(action, episode["metadata"]["name"])
+
+    async def end_early(self, how: str, name: str) -> None:
+        self.ended_by[how] += 1
+        while True:
+            try:
+                if how == "delete":
+                    await self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                                      "episodes", name)  # fmt: skip
+                    return
+                jobs = await self.jobs()
+                done = [j for j in jobs if j["spec"]["episode"] == name
+                        and j.get("status", {}).get("phase") == "Succeeded"]  # fmt: skip
+                if not done:  # nothing to submit yet: it ends at its limit instead
+                    self.ended_by[how] -= 1
+                    return
+                patch = {"spec": {"submission": {"checkpointFrom": done[0]["metadata"]["name"]}}}
+                await self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                                 "episodes", name, patch)  # fmt: skip
+                return
+            except client.ApiException as exc:
+                if exc.status in (404, 409, 422):
+                    return
+            except Exception:
+                pass
+            await asyncio.sleep(1)
+
+    # -- observation -----------------------------------------------------------------------------
+
+    def observe(self, episode: dict[str, Any]) -> None:
+        ledger = (episode.get("status") or {}).get("ledger") or {}
+        if not ledger:
+            return
+        self.versions += 1
+        if ledger["reservedMicroUSD"] + ledger["settledMicroUSD"] > ledger["budgetMicroUSD"]:
+            meta = episode["metadata"]
+            self.violations.append(f"episode {meta['name']} version {meta['resourceVersion']}: {ledger}")
+
+    async def watch_episodes(self) -> None:
+        """Every Episode version, through broken watches and API server restarts (re-list, re-watch)."""
+        while True:
+            try:
+                listed = await self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                                         "episodes")  # fmt: skip
+                for item in listed["items"]:
+                    self.observe(item)
+                async with watch.Watch().stream(
+                    self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, "episodes",
+                    resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=300,
+                ) as stream:  # fmt: skip
+                    async for event in stream:
+                        if event["type"] in ("ADDED", "MODIFIED"):
+                            self.observe(event["object"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(1)
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (
+            await self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "agentjobs")
+        )["items"]
+        return items
+
+    async def settled(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        """Once every Episode has ended with nothing reserved, every job is terminal and the backend
+        runs nothing: the Episodes and the jobs."""
+        episodes = (await self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                                    "episodes"))["items"]  # fmt: skip
+        jobs = await self.jobs()
+        open_episodes = [e for e in episodes if (e.get("status") or {}).get("phase") not in ENDED
+                         or e["status"]["ledger"]["reservedMicroUSD"]]  # fmt: skip
+        open_jobs = [j for j in jobs if (j.get("status") or {}).get("phase") not in TERMINAL_JOB_PHASES]
+        if open_episodes or open_jobs or self.emulator.count_jobs(self.emulator.namespace, ACTIVE):
+            return None
+        return episodes, jobs
+
+    def check_books(self, episodes: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> dict[str, int]:
+        creations = self.emulator.creations_by_label(KEY_LABEL)
+        twice = {key: n for key, n in creations.items() if n > 1}
+        if twice:
+            self.violations.append(f"backend jobs created more than once: {twice}")
+        billed: Counter[str] = Counter()
+        for record in self.emulator.billing():
+            billed[self.emulator.job(record.job_id)["labels"].get(EPISODE_LABEL, "")] += record.cost_micro_usd
+        mismatched = 0
+        for episode in episodes:
+            status, name = episode["status"], episode["metadata"]["name"]
+            ledger = status["ledger"]
+            on_books = ledger["settledMicroUSD"] + ledger.get("platformMicroUSD", 0)
+            bill = billed[label_value(f"{self.namespace}-{name}")]
+            if on_books != bill:
+                mismatched += 1
+                self.violations.append(f"episode {name}: settled + platform {on_books} != billed {bill}")
+            untyped = [o for o in status.get("orphanedJobs") or [] if not o.get("reason")]
+            if untyped:
+                self.violations.append(f"episode {name}: orphans without a reason: {untyped}")
+        return {"double creations": len(twice), "billing mismatches": mismatched}
+
+
+async def soak(args: argparse.Namespace) -> int:
+    run = Soak(args)
+    await run.start()
+    watcher = asyncio.create_task(run.watch_episodes())
+    try:
+        await run.make_episodes()
+        started = time.monotonic()
+        await asyncio.gather(run.load(args.minutes * 60), run.run_timeline())
+        run.emulator.clear_faults()
+        run.emulator.release_hangs()
+        soaked = time.monotonic() - started
+        outcome = None
+        while outcome is None and time.monotonic() - started < soaked + SETTLE_TIMEOUT:
+            with contextlib.suppress(Exception):  # a list during the last restart's tail
+                outcome = await run.settled()
+            await asyncio.sleep(5)
+        settle_seconds = time.monotonic() - started - soaked
+        if outcome is None:
+            run.violations.append(f"not settled {SETTLE_TIMEOUT:.0f} s after the faults stopped")
+            books: dict[str, int] = {}
+            episodes, jobs = [], await run.jobs()
+        else:
+            episodes, jobs = outcome
+            books = run.check_books(episodes, jobs)
+        left_running = run.emulator.count_jobs(run.emulator.namespace, ACTIVE)
+        if left_running:
+            run.violations.append(f"{left_running} backend jobs left running")
+    finally:
+        watcher.cancel()
+        await run.stop()
+    phases = Counter((j.get("status") or {}).get("phase", "none") for j in jobs)
+    reasons = Counter((j.get("status") or {}).get("reason", "none") for j in jobs)
+    fault_hits = sum(f.hits for f in run.faults)
+    lines = [
+        f"seed                {args.seed}",
+        f"soak                {soaked:.0f} s, {run.created} AgentJobs created into {args.episodes} Episodes; "
+        f"settled {settle_seconds:.0f} s after the faults stopped",
+        f"operator kills      {run.timeline.count('kill')} (operator started {run.operator.starts} times)",
+        f"apiserver restarts  {run.timeline.count('apiserver')}",
+        f"backend faults      {sum(run.faults_made.values())} injected, {fault_hits} requests hit",
+        *(f"    {n:4d}  {what}" for what, n in sorted(run.faults_made.items())),
+        f"episodes ended early {dict(run.ended_by)}; Episodes left to compare with the bill: {len(episodes)}",
+        f"job phases          {dict(phases)}",
+        f"job reasons         {dict(reasons.most_common(8))}",
+        f"Episode versions    {run.versions} checked for reserved + settled <= budget",
+        f"books               {books}; backend jobs left running: {left_running}",
+        f"violations          {len(run.violations)}",
+        *(f"    {v}" for v in run.violations[:20]),
+    ]
+    print("\n".join(lines))
+    return 1 if run.violations else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--minutes", type=float, default=6.0, help="how long jobs arrive and faults happen")
+    parser.add_argument("--episodes", type=int, default=150)
+    parser.add_argument("--jobs", type=int, default=3000, help="AgentJobs created over the soak")
+    parser.add_argument("--kills", type=int, default=6, help="operator kills")
+    parser.add_argument("--apiserver-restarts", type=int, default=2)
+    parser.add_argument("--faults", type=int, default=240, help="backend faults injected")
+    sys.exit(asyncio.run(soak(parser.parse_args())))
+
+
+if __name__ == "__main__":
+    main()
