@@ -27,7 +27,7 @@ from posttrain_operator.reconcile.admission import reconcile_agentjob
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.ending import finalize_episode
-from posttrain_operator.reconcile.episode import reconcile_episode
+from posttrain_operator.reconcile.episode import Quiet, reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.judging import apply_judge_finding
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
@@ -218,16 +218,22 @@ async def _tick_until_stopped(
     namespace, name = key
     tick = ctx.settings.episode_tick_seconds
     failures = 0
+    quiet = Quiet()
     while not stopped:
         delay = tick
+        version = body["metadata"].get("resourceVersion")
+        if quiet.holds(version, ctx.clock()):  # unchanged and idle: nothing to decide or observe
+            await stopped.wait(delay)
+            continue
         # The metrics' view of the Episode, from the same body: a tick behind at most, and no handler
         # run (or log line) per watch event.
         ctx.metrics.view.observe_episode(body)
         try:
             # The body kopf keeps current from the watch: an idle tick costs no API call. kopf swaps in
             # each event's body whole and never edits one, so a shallow snapshot is enough (a deep
-            # copy, managed fields and all, cost three times the tick's own work).
-            await reconcile_episode(ctx, namespace, name, dict(body))
+            # copy, managed fields and all, cost three times the tick's own work). The snapshot is
+            # taken after `version` was read: at worst newer than the version it is filed under.
+            quiet = Quiet(version, await reconcile_episode(ctx, namespace, name, dict(body)))
             failures = 0
         except Exception as exc:
             ctx.metrics.reconcile_errors.labels("Episode", type(exc).__name__).inc()

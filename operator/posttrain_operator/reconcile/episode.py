@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import logging
 import secrets
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -46,6 +47,10 @@ from posttrain_operator.reconcile.scoring import check_scoring, start_scoring
 log = logging.getLogger(__name__)
 
 TOKEN_SECRET_KEY = "token"
+# How long an idle Episode that has not changed goes without a pass: its decision depends on the
+# clock only through its deadline, except for a backend's price (cached, looked up again on expiry)
+# when none of its jobs runs; one pass a minute keeps that in view.
+IDLE_RECHECK = timedelta(seconds=60)
 
 
 # --- pure decisions ----------------------------------------------------------------------------
@@ -72,17 +77,33 @@ def limit_reached(
 # --- actions -----------------------------------------------------------------------------------
 
 
+@dataclass
+class Quiet:
+    """An Episode a pass found idle: as long as it is unchanged (the same resourceVersion), it stays
+    idle until `until`, so the ticks in between need no pass at all (2,000 Episodes ticking every
+    2 s would otherwise parse and decide 1,000 times a second to find nothing to do)."""
+
+    version: str | None = None
+    until: datetime | None = None
+
+    def holds(self, version: str | None, now: datetime) -> bool:
+        return self.until is not None and version == self.version and now < self.until
+
+
 async def reconcile_episode(
     ctx: Context, namespace: str, name: str, observed: dict[str, Any] | None = None
-) -> None:
+) -> datetime | None:
     """One pass over an Episode. `observed` (the watch's latest copy) saves a read on the idle ticks;
-    every write still goes through a compare-and-swap on a fresh read."""
+    every write still goes through a compare-and-swap on a fresh read. Returns, when `observed` was
+    idle, until when it stays so if unchanged."""
     async with ctx.locks("episode", namespace, name):
-        if observed is not None and await _idle(ctx, observed):
-            return
+        if observed is not None:
+            quiet_until = await _idle(ctx, observed)
+            if quiet_until is not None:
+                return quiet_until
         body = await ctx.kube.get_episode(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            return
+            return None
         spec = EpisodeSpec.model_validate(body["spec"])
         status = status_of(EpisodeStatus, body.get("status"))
         try:
@@ -90,21 +111,21 @@ async def reconcile_episode(
         except UnknownTaskError as exc:
             if status.phase not in ENDED_PHASES:
                 await fail_episode(ctx, body, status, cond.UNKNOWN_TASK, str(exc))
-            return
+            return None
         if status.phase in (None, "Pending") and spec.backend not in ctx.backends:
             # Nothing could ever run: say so at once rather than start a clock no job can use.
             try:
                 ctx.backend(spec.backend)
             except BackendNotEnabled as exc:
                 await fail_episode(ctx, body, status, exc.reason, str(exc))
-            return
+            return None
         if status.phase in (None, "Pending") and task.requires_loopback:
             network = ctx.job_network(spec.backend)
             if network.mode != "loopback":
                 why = f"{spec.backend}: {network.reason}"
                 message = f"task {task.name}'s jobs need loopback networking; {why}"
                 await fail_episode(ctx, body, status, cond.NETWORK_UNAVAILABLE, message)
-                return
+                return None
         if status.phase in (None, "Pending") and task.requires_sandbox:
             used = dict.fromkeys([*allowed_flavors(spec, task), grader_flavor(spec, task)])  # graders too
             bare = [f for f in used if f not in ctx.sandboxed_flavors(spec.backend)]
@@ -115,7 +136,7 @@ async def reconcile_episode(
                     f"{', '.join(ctx.settings.pods_sandbox_runtime_classes) or 'none'})"
                 )
                 await fail_episode(ctx, body, status, cond.SANDBOX_UNAVAILABLE, message)
-                return
+                return None
         missing = sorted(task.environments() - set(ctx.settings.environment_images))
         if status.phase in (None, "Pending") and missing:
             message = (
@@ -123,7 +144,7 @@ async def reconcile_episode(
                 "operator has no image for (the chart's `environments`)"
             )
             await fail_episode(ctx, body, status, cond.ENVIRONMENT_UNAVAILABLE, message)
-            return
+            return None
         if status.phase in (None, "Pending"):
             flavors = await _flavors_in_quota(ctx, body, spec, status, task)
             if flavors != []:
@@ -152,30 +173,35 @@ async def reconcile_episode(
             await seal_provenance(ctx, body)
         if status.orphaned_jobs:
             await collect_orphans(ctx, namespace, name)
+        return None
 
 
-async def _idle(ctx: Context, observed: dict[str, Any]) -> bool:
-    """Nothing to do for this Episode as last seen: a running one within its limits and without a
-    submission, or an ended one with nothing left to cancel. Anything else is decided on a fresh read."""
+async def _idle(ctx: Context, observed: dict[str, Any]) -> datetime | None:
+    """Until when there is nothing to do for this Episode as last seen (None: there is work now): a
+    running one within its limits and without a submission (until its deadline, at the latest), or an
+    ended one with nothing left to cancel. Anything else is decided on a fresh read."""
     status = status_of(EpisodeStatus, observed.get("status"))
     if status.orphaned_jobs or observed["metadata"].get("deletionTimestamp"):
-        return False
+        return None
+    recheck = ctx.clock() + IDLE_RECHECK
     if status.phase in ENDED_PHASES:
-        return (
+        idle = (
             not _has_unsettled_jobs(status)
             and not _needs_release(ctx, observed["spec"]["backend"], status)
             and status.provenance is not None
         )
+        return recheck if idle else None
     if status.phase != "Running":
-        return False
+        return None
     spec = EpisodeSpec.model_validate(observed["spec"])
     try:
         task = get_task(spec.task)
     except UnknownTaskError:
-        return False
-    if spec.submission is not None:
-        return False
-    return await _limit(ctx, spec, status, task) is None
+        return None
+    if spec.submission is not None or await _limit(ctx, spec, status, task) is not None:
+        return None
+    deadline = parse_time(status.deadline)
+    return min(recheck, deadline) if deadline is not None else recheck
 
 
 async def _limit(ctx: Context, spec: EpisodeSpec, status: EpisodeStatus, task: Task) -> End | None:
