@@ -35,6 +35,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from admissions import BENCH_AGENT, GROUP, REPO, VERSION
 from kubernetes_asyncio import client, config, watch
 from posttrain_operator.api.models import TERMINAL_JOB_PHASES
@@ -114,9 +115,9 @@ class Soak:
                 )
                 return created
             except client.ApiException as exc:
-                if exc.status in (409, 422, 403, 404):
+                if exc.status < 500 and exc.status != 429:  # refused, or there already: not retried
                     return None
-            except Exception:  # the API server is restarting
+            except (TimeoutError, OSError, aiohttp.ClientError):  # the API server is restarting
                 pass
             await asyncio.sleep(1)
 
@@ -199,9 +200,9 @@ class Soak:
                                                                  "episodes", name, patch)  # fmt: skip
                 return
             except client.ApiException as exc:
-                if exc.status in (404, 409, 422):
+                if exc.status < 500 and exc.status != 429:
                     return
-            except Exception:
+            except (TimeoutError, OSError, aiohttp.ClientError):
                 pass
             await asyncio.sleep(1)
 
@@ -251,7 +252,10 @@ class Soak:
         open_episodes = [e for e in episodes if (e.get("status") or {}).get("phase") not in ENDED
                          or e["status"]["ledger"]["reservedMicroUSD"]]  # fmt: skip
         open_jobs = [j for j in jobs if (j.get("status") or {}).get("phase") not in TERMINAL_JOB_PHASES]
-        if open_episodes or open_jobs or self.emulator.count_jobs(self.emulator.namespace, ACTIVE):
+        running = self.emulator.count_jobs(self.emulator.namespace, ACTIVE)
+        if open_episodes or open_jobs or running:
+            left = f"{len(open_episodes)} Episodes, {len(open_jobs)} jobs open, {running} on the backend"
+            print(f"(settling: {left})", file=sys.stderr, flush=True)
             return None
         return episodes, jobs
 
@@ -291,7 +295,7 @@ async def soak(args: argparse.Namespace) -> int:
         soaked = time.monotonic() - started
         outcome = None
         while outcome is None and time.monotonic() - started < soaked + SETTLE_TIMEOUT:
-            with contextlib.suppress(Exception):  # a list during the last restart's tail
+            with contextlib.suppress(OSError, asyncio.TimeoutError, aiohttp.ClientError):
                 outcome = await run.settled()
             await asyncio.sleep(5)
         settle_seconds = time.monotonic() - started - soaked
