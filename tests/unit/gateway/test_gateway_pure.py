@@ -20,11 +20,11 @@ from env_gateway import episode_view
 from env_gateway.auth import bearer, orchestrator_credential
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
-from env_gateway.http_mcp import host_allowed
 from env_gateway.kube import Conflict, Unavailable, _retry_then_type_failures
 from env_gateway.main import _frozen_heap
 from env_gateway.schemas import JobsWaitArgs, Outcome, SubmitJobArgs, ToolFailure
 from env_gateway.steps import CallRefused, StepCounter, StepLimitReached
+from env_gateway.surface import host_allowed
 from env_gateway.wire import mcp_call_result, step_payload
 from graders.tasks import get_task
 
