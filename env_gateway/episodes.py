@@ -16,9 +16,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from posttrain_operator.api.models import API_VERSION, EpisodeSpec
+from posttrain_operator.api import conditions as cond
+from posttrain_operator.api.models import API_VERSION, EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.money import USD_PATTERN
-from posttrain_operator.api.rules import episode_owner, format_time, now_utc, token_hash
+from posttrain_operator.api.rules import (
+    CREATED_BY_GATEWAY,
+    CREATED_BY_LABEL,
+    episode_owner,
+    format_time,
+    now_utc,
+    token_hash,
+)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from env_gateway.auth import Authenticator
@@ -30,7 +38,7 @@ from env_gateway.metrics import GatewayMetrics
 from env_gateway.provenance import ProvenanceLog, tool_call
 from env_gateway.schemas import Outcome, ToolFailure
 from env_gateway.steps import CallRefused, StepCounter, StepLimitReached
-from env_gateway.tools import CREATED_BY, CREATED_BY_LABEL, TOOLS, ToolContext
+from env_gateway.tools import TOOLS, ToolContext
 from env_gateway.wire import UNAVAILABLE_CODE
 from graders.tasks import Task, UnknownTaskError, get_task
 
@@ -282,7 +290,7 @@ class Episodes:
             "kind": "Episode",
             "metadata": {
                 "name": f"{task.name.replace('_', '-')}-{secrets.token_hex(4)}",
-                "labels": {CREATED_BY_LABEL: CREATED_BY},
+                "labels": {CREATED_BY_LABEL: CREATED_BY_GATEWAY},
             },
             "spec": spec,
         }
@@ -299,28 +307,22 @@ class Episodes:
         typed error, and the Episode we made is removed again."""
 
         def decided(obj: dict[str, Any]) -> bool:
-            status = obj.get("status") or {}
-            blocked = any(
-                c.get("type") == "Blocked" and c.get("status") == "True" for c in status.get("conditions", [])
+            status = status_of(EpisodeStatus, obj.get("status"))
+            return (
+                status.phase not in (None, "Pending")
+                or cond.holding(status.conditions, cond.BLOCKED) is not None
             )
-            return status.get("phase") not in (None, "Pending") or blocked
 
         meta = body["metadata"]
         seen = await self.kube.wait_for(
             meta["namespace"], "episodes", meta["name"], decided, self.settings.reset_start_wait_seconds
         )
         body = seen or body
-        status = body.get("status") or {}
-        blocking = [
-            c
-            for c in status.get("conditions", [])
-            if c.get("type") == "Blocked" and c.get("status") == "True"
-        ]
-        if blocking and status.get("phase") in (None, "Pending"):
+        status = status_of(EpisodeStatus, body.get("status"))
+        blocking = cond.holding(status.conditions, cond.BLOCKED)
+        if blocking is not None and status.phase in (None, "Pending"):
             await self.kube.delete_episode(meta["namespace"], meta["name"])
-            raise ToolFailure(
-                "namespace_blocked", blocking[0].get("message", "orphaned jobs block new episodes")
-            )
+            raise ToolFailure("namespace_blocked", blocking.message or "orphaned jobs block new episodes")
         return body
 
 

@@ -34,6 +34,14 @@ EPISODE_LABEL = "posttrain.dev/episode"
 ENDED_PHASES: frozenset[str] = frozenset({"Completed", "Failed"})
 # The operator's finalizer, on both kinds: nothing is deleted before its backend job is confirmed gone.
 FINALIZER = "posttrain.dev/finalizer"
+# On the Episodes and AgentJobs the gateway creates for an agent.
+CREATED_BY_LABEL = "posttrain.dev/created-by"
+CREATED_BY_GATEWAY = "env-gateway"
+
+
+def score_job_name(episode: str) -> str:
+    """The AgentJob (purpose score) the operator creates to score an Episode's submission."""
+    return f"{episode}-score"
 
 
 def episode_owner(

@@ -256,6 +256,17 @@ def test_conditions_move_transition_time_only_on_a_flip() -> None:
     assert flipped[0].last_transition_time == "t4" and flipped[0].status == "False"
 
 
+def test_a_condition_holds_only_while_its_status_is_true() -> None:
+    """What the gateway asks of a new Episode: is it Blocked (orphaned jobs in its namespace)?"""
+    blocked, _ = cond.set_condition([], cond.BLOCKED, True, cond.ORPHANED_JOBS, "two jobs", "t1", 1)
+    ready, _ = cond.set_condition(blocked, cond.READY, True, "Started", "go", "t1", 1)
+    found = cond.holding(ready, cond.BLOCKED)
+    assert found is not None and found.message == "two jobs"
+    cleared, _ = cond.set_condition(ready, cond.BLOCKED, False, cond.ORPHANED_JOBS, "none", "t2", 1)
+    assert cond.holding(cleared, cond.BLOCKED) is None
+    assert cond.holding(cleared, cond.READY) is not None
+
+
 @pytest.mark.parametrize(("score", "text"), [(1.0, "1"), (0.0, "0"), (0.955, "0.955"), (0.1 + 0.2, "0.3")])
 def test_scores_become_exact_decimal_strings(score: float, text: str) -> None:
     assert format_score(score) == text
