@@ -121,7 +121,7 @@ def test_reserve_in_is_a_no_op_for_a_job_already_reserved() -> None:
 
 def test_only_an_ended_episode_judges_its_unlisted_unsettled_jobs_vanished() -> None:
     running = _running(10_000, gone=100, listed=100, orphan=100, done=100)
-    running.ledger = ledger_math.settle(running.ledger, "done", 50)[0]
+    running.ledger = ledger_math.settle(running.ledger, "done", 50).ledger
     running.orphaned_jobs = [OrphanedJob(name="orphan", backend_job_id="job-9")]
     listed = {"listed", "done"}
     # Running (or Scoring): a job may yet be admitted, and a missing one is not judged at all.
@@ -154,7 +154,9 @@ def test_limits_end_the_episode_with_reward_zero() -> None:
 def test_budget_exhaustion_waits_for_running_jobs() -> None:
     nearly_spent = _running(300, a=200)
     assert limit_reached(_spec(), nearly_spent, ARTIFACT, NOW, 167) is None  # a job still runs
-    settled = nearly_spent.model_copy(update={"ledger": ledger_math.settle(nearly_spent.ledger, "a", 200)[0]})
+    settled = nearly_spent.model_copy(
+        update={"ledger": ledger_math.settle(nearly_spent.ledger, "a", 200).ledger}
+    )
     end = limit_reached(_spec(), settled, ARTIFACT, NOW, 167)
     assert end is not None and "budget exhausted" in end.message
 
