@@ -56,6 +56,8 @@ def read_environment_once(rest_client: Any, url: str | None) -> None:
     credentials for it (the usual case), the session stops asking; otherwise it stays as it is."""
     if url is None or _environment_names(url, proxy_configured=bool(rest_client.proxy)):
         return
+    # kubernetes_asyncio's `pool_manager` and aiohttp's `detach`, checked against kubernetes-asyncio
+    # 36.1.0 and aiohttp 3.14.5 (tests/unit/test_pinned_upstream.py fails if either changes).
     session: ClientSession = rest_client.pool_manager
     connector = session.connector
     session.detach()  # the connector (its TLS context, its pool) goes to the new session
