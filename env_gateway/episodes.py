@@ -35,6 +35,7 @@ from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeRef, EpisodeView
 from env_gateway.kube import Kube, Refused, Unavailable
 from env_gateway.metrics import GatewayMetrics
+from env_gateway.parsed_views import parse_episode
 from env_gateway.provenance import ProvenanceLog, tool_call
 from env_gateway.schemas import Outcome, ToolFailure
 from env_gateway.steps import CallRefused, StepCounter, StepLimitReached
@@ -91,9 +92,9 @@ class Episodes:
         self.steps = StepCounter(
             kube.read_episode,
             kube.set_steps,
-            lambda b: EpisodeView.parse(b).max_steps,
+            lambda b: parse_episode(b).max_steps,
             # The step limit is the counter's own (it frees the steps it gives back first).
-            lambda b: self._refusal(EpisodeView.parse(b), steps=False),
+            lambda b: self._refusal(parse_episode(b), steps=False),
         )
 
     async def load(self, ref: EpisodeRef, *, fresh: bool = False) -> EpisodeView:
@@ -101,7 +102,7 @@ class Episodes:
         body = await read(ref.namespace, ref.name)
         if body is None:
             raise ToolFailure("episode_not_found", f"episode {ref.name!r} no longer exists")
-        return EpisodeView.parse(body)
+        return parse_episode(body)
 
     # --- the choke point -----------------------------------------------------------------------
 
@@ -165,9 +166,9 @@ class Episodes:
             except StepLimitReached as exc:
                 raise ToolFailure("step_limit_reached", str(exc)) from exc
             except CallRefused as exc:  # it ended after the (mirrored) copy the limits were checked on
-                episode = EpisodeView.parse(exc.body)
+                episode = parse_episode(exc.body)
                 raise exc.reason from None
-            episode = EpisodeView.parse(written)
+            episode = parse_episode(written)
             counted.append(episode)
             try:
                 result = await spec.run(ToolContext(self.kube, self.broker, self.settings, episode), args)
@@ -300,7 +301,7 @@ class Episodes:
             raise ToolFailure("invalid_reset", f"the API server refused the Episode: {exc.detail}") from exc
         started = await self._await_start(created)
         self.auth.issued(token, created["metadata"]["name"])
-        return ResetResult(EpisodeView.parse(started), agent_token=token)
+        return ResetResult(parse_episode(started), agent_token=token)
 
     async def _await_start(self, body: dict[str, Any]) -> dict[str, Any]:
         """Wait (watch) for the operator to start the episode; a namespace blocked by orphaned jobs is a
