@@ -17,6 +17,7 @@ from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
 from env_gateway.kube import Kube
 from env_gateway.metrics import GatewayMetrics
+from env_gateway.parsed_views import parse_episode
 
 MAX_TOKEN_CHARS = 512
 
@@ -107,7 +108,7 @@ class Authenticator:
         if name is not None:
             body = await self.kube.get_episode(self.settings.namespace, name)
             if body is not None and _matches(body, digest):
-                return EpisodeView.parse(body)
+                return parse_episode(body)
             self._by_hash.pop(digest, None)
         matches = [b for b in await self.kube.list_episodes(self.settings.namespace) if _matches(b, digest)]
         if not matches:  # an Episode made a moment ago elsewhere may not be in the mirror yet
@@ -117,7 +118,7 @@ class Authenticator:
             # Zero: unknown or revoked. Several: refuse rather than guess (a token binds to one episode).
             raise AuthFailure(401, "invalid_token", "the token belongs to no episode")
         self._by_hash[digest] = matches[0]["metadata"]["name"]
-        return EpisodeView.parse(matches[0])
+        return parse_episode(matches[0])
 
     @staticmethod
     def new_agent_token() -> str:

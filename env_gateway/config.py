@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 class GatewaySettings(BaseSettings):

@@ -1,13 +1,10 @@
-"""Pure reads of an Episode body: limits in force, spend, done and reward. No I/O, injected clock.
+"""Pure reads of an Episode body: limits in force, spend, done and reward. No I/O, no state, injected
+clock.
 
 Every rule here is the operator's own (`posttrain_operator.api.rules`), so the gateway and the operator
-cannot disagree on what is left or when an episode is over.
-
-A tool call reads its Episode several times (authentication, the step limit, the written step), mostly
-the very body the watch-fed store holds; `EpisodeView.parse` parses each body once: it keeps the views
-of the last few hundred bodies it parsed, by name and resourceVersion, and answers with one only for
-that same body object (bodies are never modified; every write comes back as a new object with a new
-resourceVersion). A view's derived values (limits, spend, ...) are computed once, on first use."""
+cannot disagree on what is left or when an episode is over. A view's derived values (limits, spend,
+...) are computed once, on first use; `env_gateway.parsed_views` keeps the views of recent bodies so
+that each body is parsed once."""
 
 from __future__ import annotations
 
@@ -22,11 +19,6 @@ from posttrain_operator.api.money import micro_to_usd
 
 from env_gateway.schemas import ServiceSpend, ToolFailure
 from graders.tasks import Task, UnknownTaskError, get_task
-
-# How many parsed bodies `EpisodeView.parse` keeps (the oldest parsed goes first): a few per episode
-# in flight is enough, as each call reads the newest version its store holds.
-PARSED_VIEWS = 256
-_parsed: dict[tuple[str, str, str], EpisodeView] = {}
 
 
 @dataclass(frozen=True)
@@ -49,25 +41,12 @@ class EpisodeView:
     @classmethod
     def parse(cls, body: dict[str, Any]) -> EpisodeView:
         """The view of an Episode body as read from the API server; its task must be registered.
-        The same body object (by name and resourceVersion) gives the same view, parsed once."""
-        metadata = body["metadata"]
-        version = metadata.get("resourceVersion")
-        key = (metadata["namespace"], metadata["name"], version) if isinstance(version, str) else None
-        if key is not None:
-            held = _parsed.get(key)
-            if held is not None and held.body is body:
-                return held
+        Callers go through `parsed_views.parse_episode`, which parses each body once."""
         try:
             task = get_task(body["spec"]["task"])
         except UnknownTaskError as exc:
             raise ToolFailure("unknown_task", str(exc)) from exc
-        view = cls.of(body, task)
-        if key is not None:
-            _parsed.pop(key, None)
-            if len(_parsed) >= PARSED_VIEWS:
-                del _parsed[next(iter(_parsed))]
-            _parsed[key] = view
-        return view
+        return cls.of(body, task)
 
     @classmethod
     def of(cls, body: dict[str, Any], task: Task) -> EpisodeView:

@@ -16,9 +16,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from posttrain_operator.api.models import API_VERSION, EpisodeSpec
+from posttrain_operator.api import conditions as cond
+from posttrain_operator.api.models import API_VERSION, EpisodeSpec, EpisodeStatus, status_of
 from posttrain_operator.api.money import USD_PATTERN
-from posttrain_operator.api.rules import episode_owner, format_time, now_utc, token_hash
+from posttrain_operator.api.rules import (
+    CREATED_BY_GATEWAY,
+    CREATED_BY_LABEL,
+    episode_owner,
+    format_time,
+    now_utc,
+    token_hash,
+)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from env_gateway.auth import Authenticator
@@ -27,10 +35,11 @@ from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeRef, EpisodeView
 from env_gateway.kube import Kube, Refused, Unavailable
 from env_gateway.metrics import GatewayMetrics
+from env_gateway.parsed_views import parse_episode
 from env_gateway.provenance import ProvenanceLog, tool_call
 from env_gateway.schemas import Outcome, ToolFailure
 from env_gateway.steps import CallRefused, StepCounter, StepLimitReached
-from env_gateway.tools import CREATED_BY, CREATED_BY_LABEL, TOOLS, ToolContext
+from env_gateway.tools import TOOLS, ToolContext
 from env_gateway.wire import UNAVAILABLE_CODE
 from graders.tasks import Task, UnknownTaskError, get_task
 
@@ -83,9 +92,9 @@ class Episodes:
         self.steps = StepCounter(
             kube.read_episode,
             kube.set_steps,
-            lambda b: EpisodeView.parse(b).max_steps,
+            lambda b: parse_episode(b).max_steps,
             # The step limit is the counter's own (it frees the steps it gives back first).
-            lambda b: self._refusal(EpisodeView.parse(b), steps=False),
+            lambda b: self._refusal(parse_episode(b), steps=False),
         )
 
     async def load(self, ref: EpisodeRef, *, fresh: bool = False) -> EpisodeView:
@@ -93,7 +102,7 @@ class Episodes:
         body = await read(ref.namespace, ref.name)
         if body is None:
             raise ToolFailure("episode_not_found", f"episode {ref.name!r} no longer exists")
-        return EpisodeView.parse(body)
+        return parse_episode(body)
 
     # --- the choke point -----------------------------------------------------------------------
 
@@ -157,9 +166,9 @@ class Episodes:
             except StepLimitReached as exc:
                 raise ToolFailure("step_limit_reached", str(exc)) from exc
             except CallRefused as exc:  # it ended after the (mirrored) copy the limits were checked on
-                episode = EpisodeView.parse(exc.body)
+                episode = parse_episode(exc.body)
                 raise exc.reason from None
-            episode = EpisodeView.parse(written)
+            episode = parse_episode(written)
             counted.append(episode)
             try:
                 result = await spec.run(ToolContext(self.kube, self.broker, self.settings, episode), args)
@@ -282,7 +291,7 @@ class Episodes:
             "kind": "Episode",
             "metadata": {
                 "name": f"{task.name.replace('_', '-')}-{secrets.token_hex(4)}",
-                "labels": {CREATED_BY_LABEL: CREATED_BY},
+                "labels": {CREATED_BY_LABEL: CREATED_BY_GATEWAY},
             },
             "spec": spec,
         }
@@ -292,35 +301,29 @@ class Episodes:
             raise ToolFailure("invalid_reset", f"the API server refused the Episode: {exc.detail}") from exc
         started = await self._await_start(created)
         self.auth.issued(token, created["metadata"]["name"])
-        return ResetResult(EpisodeView.parse(started), agent_token=token)
+        return ResetResult(parse_episode(started), agent_token=token)
 
     async def _await_start(self, body: dict[str, Any]) -> dict[str, Any]:
         """Wait (watch) for the operator to start the episode; a namespace blocked by orphaned jobs is a
         typed error, and the Episode we made is removed again."""
 
         def decided(obj: dict[str, Any]) -> bool:
-            status = obj.get("status") or {}
-            blocked = any(
-                c.get("type") == "Blocked" and c.get("status") == "True" for c in status.get("conditions", [])
+            status = status_of(EpisodeStatus, obj.get("status"))
+            return (
+                status.phase not in (None, "Pending")
+                or cond.holding(status.conditions, cond.BLOCKED) is not None
             )
-            return status.get("phase") not in (None, "Pending") or blocked
 
         meta = body["metadata"]
         seen = await self.kube.wait_for(
             meta["namespace"], "episodes", meta["name"], decided, self.settings.reset_start_wait_seconds
         )
         body = seen or body
-        status = body.get("status") or {}
-        blocking = [
-            c
-            for c in status.get("conditions", [])
-            if c.get("type") == "Blocked" and c.get("status") == "True"
-        ]
-        if blocking and status.get("phase") in (None, "Pending"):
+        status = status_of(EpisodeStatus, body.get("status"))
+        blocking = cond.holding(status.conditions, cond.BLOCKED)
+        if blocking is not None and status.phase in (None, "Pending"):
             await self.kube.delete_episode(meta["namespace"], meta["name"])
-            raise ToolFailure(
-                "namespace_blocked", blocking[0].get("message", "orphaned jobs block new episodes")
-            )
+            raise ToolFailure("namespace_blocked", blocking.message or "orphaned jobs block new episodes")
         return body
 
 

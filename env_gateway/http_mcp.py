@@ -10,13 +10,14 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from env_gateway.auth import AuthFailure, bearer
-from env_gateway.codec import DecodeError, InvalidRequest, RequestId, decode_json, encode_json, request_id
+from env_gateway.codec import DecodeError, InvalidRequest, RequestId, decode_json, request_id
 from env_gateway.episode_view import EpisodeView
 from env_gateway.gateway import Gateway
 from env_gateway.kube import Unavailable
 from env_gateway.rpc import Caller, dispatch_rpc
 from env_gateway.schemas import ToolFailure
 from env_gateway.sessions import Sessions
+from env_gateway.surface import MAX_BODY_BYTES, JsonReply, host_allowed
 from env_gateway.wire import (
     JSONRPC_INVALID_REQUEST,
     JSONRPC_PARSE_ERROR,
@@ -26,19 +27,9 @@ from env_gateway.wire import (
     rpc_unavailable,
 )
 
-MAX_BODY_BYTES = 1024 * 1024
 # What /mcp reads from a caller with no credential at all: enough for a JSON-RPC shape probe
 # (`openenv validate` posts `{}` and expects a JSON-RPC error), never enough to cost a parse.
 UNAUTHENTICATED_BODY_BYTES = 256
-
-
-class JsonReply(Response):
-    """A JSON response through the one encoder: it renders whatever the reply carries."""
-
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return encode_json(content)
 
 
 # The headers /mcp decides on, as ASGI names them (lower case).
@@ -54,13 +45,6 @@ def read_headers(scope: Scope) -> dict[bytes, str]:
         if key in READ_HEADERS and key not in found:
             found[key] = value.decode("latin-1")
     return found
-
-
-def host_allowed(host: str | None, patterns: list[str]) -> bool:
-    """The MCP SDK's DNS-rebinding rule (exact, or `name:*` for any port), for the paths it doesn't serve."""
-    if not host:
-        return False
-    return any(host == p or (p.endswith(":*") and host.startswith(p[:-1])) for p in patterns)
 
 
 class HybridMcp:

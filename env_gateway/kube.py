@@ -12,17 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
+from posttrain_operator import client_environment
 from posttrain_operator.api.models import GROUP, VERSION
-from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
-from posttrain_operator.client_environment import read_environment_once
 
 from env_gateway.cache import Store, wait_any, wait_until
 
@@ -75,26 +72,16 @@ MAX_RETRY_AFTER_SECONDS = 5.0
 
 
 async def make_api_client(kubeconfig: str | None) -> client.ApiClient:
-    cfg = client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG")
-    token_file: str | Path | None
-    if path:
-        await config.load_kube_config(config_file=path, client_configuration=cfg)
-        token_file = kubeconfig_token_file(path)
-    else:
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        token_file = IN_CLUSTER_TOKEN
-    if token_file is not None:  # reread as it rotates (kubernetes_asyncio reads a tokenFile once)
-        cfg.refresh_api_key_hook = RereadTokenFile(token_file)
-    api_client = client.ApiClient(configuration=cfg)
-    read_environment_once(api_client.rest_client, cfg.host)
+    """The shared client (`client_environment.make_api_client`), its failures typed for the gateway."""
+    api_client = await client_environment.make_api_client(kubeconfig)
     _retry_then_type_failures(api_client.rest_client)
     return api_client
 
 
 def _retry_then_type_failures(rest_client: Any) -> None:
     """Every request of this client (each verb goes through `request`) waits out 429s, and a server
-    that is away or answers about itself comes out as `Unavailable`, never as the client's errors."""
+    that is away or answers about itself comes out as `Unavailable`, never as the client's errors.
+    Checked against kubernetes-asyncio 36.1.0 (tests/unit/test_pinned_upstream.py fails if it changes)."""
     send = rest_client.request
 
     async def request(*args: Any, **kwargs: Any) -> Any:

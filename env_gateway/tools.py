@@ -17,7 +17,14 @@ from posttrain_operator.api.models import (
     status_of,
 )
 from posttrain_operator.api.money import micro_to_usd
-from posttrain_operator.api.rules import ENDED_PHASES, InvalidInputs, lineage_of, new_job_metadata
+from posttrain_operator.api.rules import (
+    CREATED_BY_GATEWAY,
+    CREATED_BY_LABEL,
+    ENDED_PHASES,
+    InvalidInputs,
+    lineage_of,
+    new_job_metadata,
+)
 from pydantic import BaseModel
 
 from env_gateway.broker import BrokerClient, BrokerError, BrokerRefused
@@ -45,8 +52,6 @@ from env_gateway.schemas import (
     WaitResult,
 )
 
-CREATED_BY_LABEL = "posttrain.dev/created-by"
-CREATED_BY = "env-gateway"
 # Phases after which admission has been decided.
 DECIDED_PHASES = frozenset({"Admitted", "Running", "Orphaned"} | TERMINAL_JOB_PHASES)
 
@@ -113,7 +118,7 @@ async def _create_and_await_admission(ctx: ToolContext, body: dict[str, Any]) ->
     ep = ctx.episode
     prefix = ep.name[:40].rstrip("-")
     body["metadata"] = new_job_metadata(
-        f"{prefix}-{secrets.token_hex(4)}", ep.body, {CREATED_BY_LABEL: CREATED_BY}
+        f"{prefix}-{secrets.token_hex(4)}", ep.body, {CREATED_BY_LABEL: CREATED_BY_GATEWAY}
     )
     try:
         job = await ctx.kube.create(ep.namespace, "agentjobs", body)

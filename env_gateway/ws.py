@@ -21,11 +21,11 @@ from env_gateway.codec import (
     encode_text,
 )
 from env_gateway.gateway import Gateway
-from env_gateway.http_mcp import MAX_BODY_BYTES, JsonReply, host_allowed
 from env_gateway.kube import Unavailable
 from env_gateway.rpc import Caller, dispatch_rpc
 from env_gateway.schemas import ToolFailure
 from env_gateway.sessions import Session, Sessions
+from env_gateway.surface import MAX_BODY_BYTES, JsonReply, host_allowed
 from env_gateway.wire import list_tools_payload, rpc_unavailable, step_payload, unavailable_data
 
 log = logging.getLogger(__name__)

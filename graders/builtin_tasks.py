@@ -1,4 +1,4 @@
-"""The tasks the project ships, registered like any plugin (see `graders.tasks.TaskPlugin`).
+"""The tasks the project ships, registered like any plugin (see `graders.task_model.TaskPlugin`).
 
 Their repos are built by `graders.assets.builtin`; this module stays light, because the operator and
 the gateway import it.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from graders.integrity.policy import ContaminationPolicy, DevEvaluationPolicy, IdentityPolicy, IntegrityPolicy
 from graders.job_limits import GiB, JobLimits, MiB
-from graders.tasks import AssetLocation, Task, TaskLimits, TaskPlugin
+from graders.task_model import AssetLocation, Task, TaskLimits, TaskPlugin
 
 _ARTIFACT_DESCRIPTION = """\
 Produce an artifact from a dataset. No model is involved.

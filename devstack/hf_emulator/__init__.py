@@ -1,4 +1,4 @@
-"""An HF Jobs API emulator that runs each job for real on this machine (issue 4).
+"""An HF Jobs API emulator that runs each job for real on this machine.
 
 with HfEmulator(tmp_dir) as emu:
     api = HfApi(endpoint=emu.url, token=emu.token)

@@ -1,4 +1,4 @@
-"""The bucket read path that `HfFileSystem` uses (`hf-jobs-api.md` §6), served from directories.
+"""The bucket read path that `HfFileSystem` uses (`docs/hf-jobs-api.md`), served from directories.
 
 Jobs write these directories, so nothing here follows a symbolic link: a job could otherwise
 publish a link to any file on the host and have the emulator (possibly root) serve it.

@@ -1,6 +1,6 @@
 """The hardware table served by `GET /api/jobs/hardware` and used for billing.
 
-Prices are the $/hour list of `hf-jobs-api.md` §9 converted to the wire's unit, micro-USD per minute
+Prices are the $/hour list of `docs/hf-jobs-api.md` converted to the wire's unit, micro-USD per minute
 (rounded to an integer, as the real API sends it: cpu-basic $0.01/h -> 167). CPU, RAM and accelerator
 descriptions are indicative only: nothing in this project depends on them.
 """

@@ -1,7 +1,7 @@
 """The HTTP side: routing, auth, request faults, the Jobs/bucket endpoints and the admin endpoints.
 
 The server is the standard library's ThreadingHTTPServer, as verified against the real client in
-`hf-jobs-api.md` §4.6, because it gives exact control of the wire: responses are written with
+`docs/hf-jobs-api.md`, because it gives exact control of the wire: responses are written with
 `send_response_only`, so each carries exactly one `Date` header (a second one crashes the client's
 log reader), and SSE bodies are chunk-encoded by hand.
 """

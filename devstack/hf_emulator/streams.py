@@ -1,4 +1,4 @@
-"""The two Server-Sent-Event streams of a job, its logs and its metrics (`hf-jobs-api.md` §4.4)."""
+"""The two Server-Sent-Event streams of a job, its logs and its metrics (`docs/hf-jobs-api.md`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Validation of `POST /api/jobs/{namespace}` bodies, as strict as the real API's schema.
 
-The rules are those of `hf-jobs-api.md` §3/§4.3 (from the Hub OpenAPI schema and docs). Where the
+The rules are those of `docs/hf-jobs-api.md` (from the Hub OpenAPI schema and docs). Where the
 real API's behaviour is unknown the emulator is stricter, e.g. unknown top-level keys are refused:
 the backend only ever sends what the client builds, so a refusal here is a bug worth seeing.
 """

@@ -1,4 +1,4 @@
-"""The tiny character-level base model for ``t0_arithmetic_format`` (recipe: measured-notes)."""
+"""The tiny character-level base model for ``t0_arithmetic_format`` (recipe: docs/tasks.md)."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def _check_abs_path(value: str, what: str) -> None:
 
 
 class Limits(BaseModel):
-    """Caps applied to one job; defaults are the contract's example values."""
+    """Caps applied to one job; defaults are the example values of the job spec (docs/architecture.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 

@@ -6,21 +6,18 @@ its own objects) calls the API."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from posttrain_operator import client_environment
 from posttrain_operator.api.judging import JudgeFindingStatus
 from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, ApiModel, EpisodeStatus, status_of
 from posttrain_operator.api.quota import QUOTA_NAME, BudgetQuotaStatus
-from posttrain_operator.api.tokens import IN_CLUSTER_TOKEN, RereadTokenFile, kubeconfig_token_file
-from posttrain_operator.client_environment import read_environment_once
 
 MERGE_PATCH = "application/merge-patch+json"
 # In the API server's audit log, the reconcilers' calls (kopf's own carry "kopf/<version>").
@@ -59,24 +56,8 @@ EpisodeUpdate = StatusUpdate[EpisodeStatus, T]
 
 
 async def make_api_client() -> client.ApiClient:
-    """In the pod: its ServiceAccount; elsewhere: KUBECONFIG. Either way a token file is reread as it
-    rotates (the in-cluster token, or the kubeconfig's tokenFile)."""
-    cfg = client.Configuration()
-    token_file: str | Path | None
-    try:
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        token_file = IN_CLUSTER_TOKEN
-    except config.ConfigException:
-        # Named here, as read now: kubernetes_asyncio's default is KUBECONFIG as it was at its import.
-        kubeconfig = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        token_file = kubeconfig_token_file(kubeconfig)
-    if token_file is not None:
-        cfg.refresh_api_key_hook = RereadTokenFile(token_file)
-    api_client = client.ApiClient(configuration=cfg)
-    read_environment_once(api_client.rest_client, cfg.host)
-    api_client.user_agent = USER_AGENT
-    return api_client
+    """In the pod: its ServiceAccount; elsewhere: KUBECONFIG (see `client_environment.make_api_client`)."""
+    return await client_environment.make_api_client(user_agent=USER_AGENT)
 
 
 class Kube:

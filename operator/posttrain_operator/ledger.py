@@ -90,8 +90,36 @@ def reserve(ledger: Ledger, job: str, amount: int, *, platform: bool = False) ->
     )
 
 
-def settle(ledger: Ledger, job: str, cost: int) -> tuple[Ledger, int, bool]:
-    """Release `job`'s reservation and charge its real cost; returns (ledger, charged, changed).
+@dataclass(frozen=True)
+class Settlement:
+    """What settling did to a ledger, the one shape every settling path returns: the ledger after; the
+    jobs whose entries it settled now (none: nothing changed); what the job was charged (one job:
+    its settled amount, also when it was settled before; several: their sum); and what it added to
+    the ledger's agent total (`settled_micro_usd`) and to its platform total."""
+
+    ledger: Ledger
+    jobs: tuple[str, ...] = ()
+    charged: int = 0
+    agent: int = 0
+    platform: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.jobs)
+
+
+def _settlement(before: Ledger, after: Ledger, jobs: tuple[str, ...], charged: int) -> Settlement:
+    return Settlement(
+        after,
+        jobs,
+        charged,
+        after.settled_micro_usd - before.settled_micro_usd,
+        after.platform_micro_usd - before.platform_micro_usd,
+    )
+
+
+def settle(ledger: Ledger, job: str, cost: int) -> Settlement:
+    """Release `job`'s reservation and charge its real cost.
 
     An agent job is charged at most what it reserved: the backend enforces the timeout, so a higher
     bill is a rounding artefact of start/finish stamps and is booked as platform spend instead of
@@ -99,24 +127,27 @@ def settle(ledger: Ledger, job: str, cost: int) -> tuple[Ledger, int, bool]:
     """
     entry = ledger.entries.get(job)
     if entry is not None and entry.settled_micro_usd is not None:
-        return ledger, entry.settled_micro_usd, False
+        return Settlement(ledger, charged=entry.settled_micro_usd)
     if entry is None or entry.platform:
         settled = LedgerEntry(reserved_micro_usd=0, settled_micro_usd=cost, platform=True)
-        entries = {**ledger.entries, job: settled}
-        return with_totals(ledger.model_copy(update={"entries": entries})), cost, True
+        after = with_totals(ledger.model_copy(update={"entries": {**ledger.entries, job: settled}}))
+        return _settlement(ledger, after, (job,), cost)
     charged = min(cost, entry.reserved_micro_usd)
     entries = {**ledger.entries, job: entry.model_copy(update={"settled_micro_usd": charged})}
     overrun = cost - charged
     if overrun:
         entries[f"{job}.overrun"] = LedgerEntry(settled_micro_usd=overrun, platform=True)
-    return with_totals(ledger.model_copy(update={"entries": entries})), charged, True
+    return _settlement(ledger, with_totals(ledger.model_copy(update={"entries": entries})), (job,), charged)
 
 
-def settle_at_reservation(ledger: Ledger, jobs: Iterable[str]) -> Ledger:
+def settle_at_reservation(ledger: Ledger, jobs: Iterable[str]) -> Settlement:
     """Settle each of `jobs` that still holds a reservation at the whole of it, its worst case: for a
     job whose real run time can no longer be known. Unknown or already settled jobs are left as they are."""
+    after, settled, charged = ledger, [], 0
     for job in jobs:
-        entry = ledger.entries.get(job)
+        entry = after.entries.get(job)
         if entry is not None and entry.settled_micro_usd is None:
-            ledger, _, _ = settle(ledger, job, entry.reserved_micro_usd)
-    return ledger
+            one = settle(after, job, entry.reserved_micro_usd)
+            after, charged = one.ledger, charged + one.charged
+            settled.append(job)
+    return _settlement(ledger, after, tuple(settled), charged)

@@ -14,6 +14,8 @@ IMAGE_PACKAGES = [
     REPO / "operator" / "posttrain_operator",
     REPO / "env_gateway",
     REPO / "graders" / "tasks.py",
+    REPO / "graders" / "task_model.py",
+    REPO / "graders" / "builtin_tasks.py",
 ]
 FIRST_PARTY = {"posttrain_operator", "env_gateway", "graders"}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from posttrain_operator.api.models import Condition
 
 READY = "Ready"
@@ -48,6 +50,11 @@ NETWORK_UNAVAILABLE = "NetworkUnavailable"
 SANDBOX_UNAVAILABLE = "SandboxUnavailable"
 PROBES_CLOSED = "ProbesClosed"
 EGRESS_OPEN = "EgressOpen"
+
+
+def holding(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    """The condition of this type, if its status is True."""
+    return next((c for c in conditions if c.type == type_ and c.status == "True"), None)
 
 
 def set_condition(

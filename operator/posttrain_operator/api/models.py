@@ -17,6 +17,9 @@ from posttrain_operator.api.money import USD_PATTERN
 GROUP = "posttrain.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+# On every object that belongs to an Episode (its AgentJobs, its token Secret, its provenance records,
+# pods-backend namespaces).
+EPISODE_LABEL = f"{GROUP}/episode"
 
 MAX_SCRIPT_BYTES = 256 * 1024
 MAX_PACKAGES = 32

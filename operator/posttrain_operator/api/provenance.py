@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from posttrain_operator.api.models import (
+    EPISODE_LABEL,
     GROUP,
     MAX_DATASETS,
     MAX_INPUTS_FROM,
@@ -219,7 +220,7 @@ def job_entry(job: dict[str, Any], status: AgentJobStatus) -> JobEntry:
 
 def record(name: str, spec: ProvenanceSpec, owner: dict[str, Any] | None) -> dict[str, Any]:
     """A ProvenanceRecord's body, labelled with (and, given its ownerReference, owned by) its Episode."""
-    metadata: dict[str, Any] = {"name": name, "labels": {"posttrain.dev/episode": spec.episode}}
+    metadata: dict[str, Any] = {"name": name, "labels": {EPISODE_LABEL: spec.episode}}
     if owner is not None:
         metadata["ownerReferences"] = [owner]
     return {

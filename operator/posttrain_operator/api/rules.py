@@ -27,13 +27,20 @@ from posttrain_operator.api.models import (
     Ledger,
     status_of,
 )
+from posttrain_operator.api.models import EPISODE_LABEL as EPISODE_LABEL
 from posttrain_operator.api.money import usd_to_micro
 
-# On every object that belongs to an Episode (its AgentJobs, its token Secret, pods-backend namespaces).
-EPISODE_LABEL = "posttrain.dev/episode"
 ENDED_PHASES: frozenset[str] = frozenset({"Completed", "Failed"})
 # The operator's finalizer, on both kinds: nothing is deleted before its backend job is confirmed gone.
 FINALIZER = "posttrain.dev/finalizer"
+# On the Episodes and AgentJobs the gateway creates for an agent.
+CREATED_BY_LABEL = "posttrain.dev/created-by"
+CREATED_BY_GATEWAY = "env-gateway"
+
+
+def score_job_name(episode: str) -> str:
+    """The AgentJob (purpose score) the operator creates to score an Episode's submission."""
+    return f"{episode}-score"
 
 
 def episode_owner(

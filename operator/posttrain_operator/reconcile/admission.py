@@ -49,6 +49,16 @@ from posttrain_operator.reconcile.submission import Admission, resume_submission
 
 
 @dataclass(frozen=True)
+class EpisodeCopy:
+    """The Episode an admission pass decides on (None: there is none), and whether it is the watch's
+    copy rather than a read: as good as a read for admitting (the ledger's compare-and-swap proves it
+    current, or retries from a read), but maybe a little behind, so a refusal is decided on a read."""
+
+    body: dict[str, Any] | None
+    watched: bool = False
+
+
+@dataclass(frozen=True)
 class Rejection:
     """Why a job is refused: a PascalCase reason clients match on, and a message for the agent."""
 
@@ -166,12 +176,12 @@ async def reconcile_agentjob(
     job as the watch last saw it) is only a hint: a job it shows as new has its Episode read at the
     same time as itself; every decision is taken on the fresh read."""
     async with ctx.locks("agentjob", namespace, name):
-        job, episode, watched = await _read(ctx, namespace, name, observed)
+        job, episode = await _read(ctx, namespace, name, observed)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return
         status = status_of(AgentJobStatus, job.get("status"))
         if status.phase in (None, "Pending"):
-            admission = await _admit(ctx, job, status, episode, watched=watched)
+            admission = await _admit(ctx, job, status, episode)
             if admission is not None:
                 await submit_admitted(ctx, job, admission)
         elif status.phase == "Admitted":
@@ -180,22 +190,22 @@ async def reconcile_agentjob(
 
 async def _read(
     ctx: Context, namespace: str, name: str, observed: dict[str, Any] | None
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
-    """The job, and (when it looks new) its Episode: as last watched (then True) when the operator
-    watches it, else read concurrently with the job. None for the Episode when it was not looked up
-    (absent it is read again, so "not read" and "not found" need no telling apart)."""
+) -> tuple[dict[str, Any] | None, EpisodeCopy | None]:
+    """The job, and (when it looks new) its Episode: as last watched when the operator watches it,
+    else read concurrently with the job. None for the Episode when it was not looked up (absent it
+    is read again, so "not read" and "not found" need no telling apart)."""
     hint = observed or {}
     episode_name = (hint.get("spec") or {}).get("episode")
     looks_new = (hint.get("status") or {}).get("phase") in (None, "Pending")
     if not (looks_new and isinstance(episode_name, str)):
-        return await ctx.kube.get_agentjob(namespace, name), None, False
+        return await ctx.kube.get_agentjob(namespace, name), None
     watched = ctx.watched_episodes.get((namespace, episode_name))
     if watched is not None:
-        return await ctx.kube.get_agentjob(namespace, name), dict(watched), True
+        return await ctx.kube.get_agentjob(namespace, name), EpisodeCopy(dict(watched), watched=True)
     job, episode = await asyncio.gather(
         ctx.kube.get_agentjob(namespace, name), ctx.kube.get_episode(namespace, episode_name)
     )
-    return job, episode, False
+    return job, EpisodeCopy(episode)
 
 
 async def _price(
@@ -230,17 +240,17 @@ async def _lineage(ctx: Context, job: dict[str, Any], spec: AgentJobSpec) -> lis
 
 
 async def _decide(
-    ctx: Context, job: dict[str, Any], spec: AgentJobSpec, episode: dict[str, Any] | None, *, watched: bool
-) -> tuple[dict[str, Any] | None, tuple[Task, EpisodeSpec, list[str]] | Rejection]:
+    ctx: Context, job: dict[str, Any], spec: AgentJobSpec, episode: EpisodeCopy | None
+) -> tuple[EpisodeCopy, tuple[Task, EpisodeSpec, list[str]] | Rejection]:
     """The job's Episode (read unless the pass has it) and `decide_admission` on it; a refusal of a
     watched copy is decided again on a read."""
     namespace = job["metadata"]["namespace"]
-    if episode is None or episode["metadata"]["name"] != spec.episode:
-        episode, watched = await ctx.kube.get_episode(namespace, spec.episode), False
-    decided = decide_admission(job, spec, episode)
-    if isinstance(decided, Rejection) and watched:
-        episode = await ctx.kube.get_episode(namespace, spec.episode)
-        decided = decide_admission(job, spec, episode)
+    if episode is None or episode.body is None or episode.body["metadata"]["name"] != spec.episode:
+        episode = EpisodeCopy(await ctx.kube.get_episode(namespace, spec.episode))
+    decided = decide_admission(job, spec, episode.body)
+    if isinstance(decided, Rejection) and episode.watched:
+        episode = EpisodeCopy(await ctx.kube.get_episode(namespace, spec.episode))
+        decided = decide_admission(job, spec, episode.body)
     return episode, decided
 
 
@@ -273,14 +283,13 @@ async def _reserve(
     ctx: Context,
     job: dict[str, Any],
     spec: AgentJobSpec,
-    episode: dict[str, Any],
+    episode: EpisodeCopy,
     amount: int,
     max_concurrent: int,
     dev_limit: int | None,
-    *,
-    watched: bool,
 ) -> EpisodeUpdate[Rejection | None]:
     """The ledger's compare-and-swap from the Episode this pass has, the job adopted meanwhile."""
+    assert episode.body is not None
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
     platform, phases = spec.purpose == "score", admitting_phases(spec.purpose)
 
@@ -299,10 +308,10 @@ async def _reserve(
     # The adoption writes the job, so it goes beside the ledger's write rather than the job's status
     # write: two writes to one object at once make the API server retry one of them.
     update, _ = await asyncio.gather(
-        ctx.kube.update_episode_status(namespace, spec.episode, reserve, seen=episode),
-        adopt(ctx, job, episode),
+        ctx.kube.update_episode_status(namespace, spec.episode, reserve, seen=episode.body),
+        adopt(ctx, job, episode.body),
     )
-    if update.result is not None and watched:  # refused without a write, so maybe on a stale copy
+    if update.result is not None and episode.watched:  # refused without a write: maybe a stale copy
         update = await ctx.kube.update_episode_status(namespace, spec.episode, reserve)
     return update
 
@@ -311,9 +320,7 @@ async def _admit(
     ctx: Context,
     job: dict[str, Any],
     status: AgentJobStatus,
-    episode: dict[str, Any] | None,
-    *,
-    watched: bool = False,
+    episode: EpisodeCopy | None,
 ) -> Admission | None:
     """Reserve on the ledger; None when the job is refused (and marked Rejected). A watched copy of
     the Episode is as good as a read for admitting (the ledger's compare-and-swap proves it current, or
@@ -324,12 +331,12 @@ async def _admit(
     except ValidationError as exc:
         await _reject(ctx, job, status, Rejection(cond.INVALID_JOB, f"invalid spec: {exc}"))
         return None
-    episode, decided = await _decide(ctx, job, spec, episode, watched=watched)
+    episode, decided = await _decide(ctx, job, spec, episode)
     if isinstance(decided, Rejection):
         await _reject(ctx, job, status, decided)
         return None
     task, ep_spec, _ = decided
-    assert episode is not None
+    assert episode.body is not None
     lineage = await _lineage(ctx, job, spec)
     if isinstance(lineage, Rejection):
         await _reject(ctx, job, status, lineage)
@@ -346,9 +353,7 @@ async def _admit(
     amount = ledger_math.reservation_for(price, spec.timeout_seconds)
     max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
     dev_limit = task.integrity.dev_evaluations.max_calls
-    reserve = functools.partial(
-        _reserve, ctx, job, spec, episode, amount, max_concurrent, dev_limit, watched=watched
-    )
+    reserve = functools.partial(_reserve, ctx, job, spec, episode, amount, max_concurrent, dev_limit)
     if held is None:
         update = await reserve()
     else:
@@ -370,7 +375,7 @@ async def _admit(
         return None
     reserved = 0 if platform else amount
     if update.written:  # not a pass resumed after a crash, which found its reservation made
-        _count_admission(ctx, job, spec, episode, reserved)
+        _count_admission(ctx, job, spec, episode.body, reserved)
     message = f"reserved ${micro_to_usd(reserved)} at ${micro_to_usd(price)}/min for {spec.timeout_seconds}s"
     status = status.model_copy(
         update={

@@ -40,15 +40,6 @@ class End:
     integrity: Integrity | None = None
 
 
-@dataclass(frozen=True)
-class Vanished:
-    """What one settlement of vanished jobs settled, and what it added to the agent and platform totals."""
-
-    names: list[str]
-    agent: int
-    platform: int
-
-
 def vanished_jobs(status: EpisodeStatus, listed: Collection[str]) -> list[str]:
     """The jobs an ended Episode's ledger holds a reservation for although their AgentJob is gone:
     not in `listed`, the names of its AgentJobs as listed after it ended. Such a job was deleted
@@ -146,20 +137,15 @@ async def settle_vanished(ctx: Context, body: dict[str, Any], listed: Collection
     # less could show a spend below the bill; moving the reservation to settled keeps the invariant.
     meta = body["metadata"]
 
-    def settle(_: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, Vanished]:
-        names = vanished_jobs(current, listed)
-        if not names:
-            return None, Vanished([], 0, 0)
-        ledger = ledger_math.settle_at_reservation(current.ledger, names)
-        agent = ledger.settled_micro_usd - current.ledger.settled_micro_usd
-        platform = ledger.platform_micro_usd - current.ledger.platform_micro_usd
-        return current.model_copy(update={"ledger": ledger}), Vanished(names, agent, platform)
+    def settle(
+        _: dict[str, Any], current: EpisodeStatus
+    ) -> tuple[EpisodeStatus | None, ledger_math.Settlement]:
+        settled = ledger_math.settle_at_reservation(current.ledger, vanished_jobs(current, listed))
+        return (current.model_copy(update={"ledger": settled.ledger}) if settled.changed else None), settled
 
     update = await ctx.kube.update_episode_status(meta["namespace"], meta["name"], settle, seen=body)
-    if not update.written:
-        return
-    settled = update.result
-    announce_settled_at_reservation(ctx, body, settled.names, settled.agent, settled.platform)
+    if update.written:
+        announce_settled_at_reservation(ctx, body, update.result)
 
 
 async def release_backend_resources(ctx: Context, body: dict[str, Any]) -> bool:

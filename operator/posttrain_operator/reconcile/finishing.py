@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -45,14 +44,14 @@ SETTLED_AT_RESERVATION = "SettledAtReservation"
 
 
 def announce_settled_at_reservation(
-    ctx: Context, episode: dict[str, Any], names: list[str], agent: int, platform: int
+    ctx: Context, episode: dict[str, Any], settled: ledger_math.Settlement
 ) -> None:
     """Count and announce entries settled at their reservation, the jobs having been deleted without
     the operator settling them (their finalizer removed by hand): their real cost is unknown."""
-    ctx.metrics.count_settled(spend_labels(episode), agent, platform)
+    ctx.metrics.count_settled(spend_labels(episode), settled.agent, settled.platform)
     message = (
-        f"settled {', '.join(names)} at the reservation (${micro_to_usd(agent)}): deleted without the "
-        "operator settling them (finalizer removed by hand), so their real cost is unknown"
+        f"settled {', '.join(settled.jobs)} at the reservation (${micro_to_usd(settled.agent)}): deleted "
+        "without the operator settling them (finalizer removed by hand), so their real cost is unknown"
     )
     ctx.emit(episode, "Warning", SETTLED_AT_RESERVATION, message)
 
@@ -159,26 +158,21 @@ async def _settle(
     """Release the job's reservation and charge `cost` (one compare-and-swap, which also takes the
     job off the orphan list, and counts its egress check); returns what the agent was charged."""
 
-    def settle(body: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, Settled]:
-        new, charged = current, cost
+    def settle(
+        body: dict[str, Any], current: EpisodeStatus
+    ) -> tuple[EpisodeStatus | None, ledger_math.Settlement]:
+        new, settled = current, ledger_math.Settlement(current.ledger, charged=cost)
         if name in current.ledger.entries or cost:
-            ledger, charged, changed = ledger_math.settle(current.ledger, name, cost)
-            if changed:
-                new = new.model_copy(update={"ledger": ledger})
+            settled = ledger_math.settle(current.ledger, name, cost)
+            if settled.changed:
+                new = new.model_copy(update={"ledger": settled.ledger})
                 if egress is not None:  # once per job: only with the ledger entry it settles
                     counts = current.egress or EgressCounts()
                     field = "verified" if egress else "open"
                     counts = counts.model_copy(update={field: getattr(counts, field) + 1})
                     new = new.model_copy(update={"egress": counts})
         new = without_orphan(ctx, body, new, name) or new
-        before, after = current.ledger, new.ledger
-        booked = Settled(
-            spend_labels(body),
-            charged,
-            after.settled_micro_usd - before.settled_micro_usd,
-            after.platform_micro_usd - before.platform_micro_usd,
-        )
-        return (None if new is current else new), booked
+        return (None if new is current else new), settled
 
     try:
         update = await ctx.kube.update_episode_status(namespace, episode, settle)
@@ -187,19 +181,9 @@ async def _settle(
         await settle_on_quota(ctx, namespace, name, cost)
         return cost
     if update.written:
-        ctx.metrics.count_settled(update.result.charged_to, update.result.agent, update.result.platform)
+        ctx.metrics.count_settled(spend_labels(update.body), update.result.agent, update.result.platform)
     await settle_on_quota(ctx, namespace, name, cost)  # after the Episode: its ledger is the record
     return update.result.charged
-
-
-@dataclass(frozen=True)
-class Settled:
-    """What one settlement charged the job, and what it added to the ledger's agent and platform totals."""
-
-    charged_to: tuple[str, str, str]  # the Episode's namespace, task and backend
-    charged: int
-    agent: int
-    platform: int
 
 
 def _seen_by_backend(ctx: Context, remote: RemoteStatus | None) -> dict[str, Any]:

@@ -48,15 +48,15 @@ async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
 
 def settled_vanished_orphan(
     ctx: Context, episode: dict[str, Any], status: EpisodeStatus, name: str
-) -> EpisodeStatus | None:
+) -> tuple[EpisodeStatus | None, ledger_math.Settlement]:
     """The orphan `name`, whose AgentJob is gone and whose backend job is confirmed stopped, settled at
-    its reservation and off the list; None when that is done already."""
+    its reservation and off the list (None when that is done already), and what that settled."""
     # At the reservation, the worst case: the job's flavor, and so its price per minute, went with
     # the AgentJob, so the minutes the backend reports cannot be priced.
-    ledger = ledger_math.settle_at_reservation(status.ledger, [name])
-    new = status if ledger == status.ledger else status.model_copy(update={"ledger": ledger})
+    settled = ledger_math.settle_at_reservation(status.ledger, [name])
+    new = status.model_copy(update={"ledger": settled.ledger}) if settled.changed else status
     new = without_orphan(ctx, episode, new, name) or new
-    return None if new is status else new
+    return (None if new is status else new), settled
 
 
 async def _collect_vanished(ctx: Context, body: dict[str, Any], orphan: OrphanedJob) -> bool:
@@ -76,15 +76,11 @@ async def _collect_vanished(ctx: Context, body: dict[str, Any], orphan: Orphaned
 
     def settle(
         episode: dict[str, Any], current: EpisodeStatus
-    ) -> tuple[EpisodeStatus | None, tuple[int, int] | None]:
-        new = settled_vanished_orphan(ctx, episode, current, orphan.name)
-        if new is None or new.ledger == current.ledger:
-            return new, None  # at most taken off the list: another pass settled it first
-        agent = new.ledger.settled_micro_usd - current.ledger.settled_micro_usd
-        return new, (agent, new.ledger.platform_micro_usd - current.ledger.platform_micro_usd)
+    ) -> tuple[EpisodeStatus | None, ledger_math.Settlement]:
+        # Nothing settled (another pass got there first) leaves it at most taken off the list.
+        return settled_vanished_orphan(ctx, episode, current, orphan.name)
 
     update = await ctx.kube.update_episode_status(meta["namespace"], meta["name"], settle, seen=body)
-    if update.written and update.result is not None:
-        agent, platform = update.result
-        announce_settled_at_reservation(ctx, body, [orphan.name], agent, platform)
+    if update.written and update.result.changed:
+        announce_settled_at_reservation(ctx, body, update.result)
     return True

@@ -23,6 +23,7 @@ from posttrain_operator.api.rules import (
     grader_flavor,
     integrity_of,
     new_job_metadata,
+    score_job_name,
 )
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
@@ -86,7 +87,7 @@ async def start_scoring(
         )
         return
     await _record_submission(ctx, body, spec, task, source_status.lineage)
-    score_job = f"{meta['name']}-score"
+    score_job = score_job_name(meta["name"])
     await set_status(
         ctx,
         body,
@@ -167,7 +168,7 @@ async def check_scoring(
     ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
 ) -> None:
     meta = body["metadata"]
-    job_name = status.scoring_job or f"{meta['name']}-score"
+    job_name = status.scoring_job or score_job_name(meta["name"])
     job = await ctx.kube.get_agentjob(meta["namespace"], job_name)
     if job is None:  # a crash between recording the phase and creating the job
         assert spec.submission is not None

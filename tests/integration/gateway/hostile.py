@@ -28,7 +28,8 @@ from mcp.client.streamable_http import streamable_http_client
 from pydantic import ValidationError
 
 from env_gateway.episodes import ResetArgs
-from env_gateway.http_mcp import MAX_BODY_BYTES, UNAUTHENTICATED_BODY_BYTES
+from env_gateway.http_mcp import UNAUTHENTICATED_BODY_BYTES
+from env_gateway.surface import MAX_BODY_BYTES
 from env_gateway.tools import TOOLS
 
 # Generous: a request is "unanswered" only if it takes this long; latency itself is reported.

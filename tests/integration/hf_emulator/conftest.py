@@ -2,7 +2,7 @@
 
 No Kubernetes here. The client reads HF_HOME and the telemetry switch at import, so both are set
 before `huggingface_hub` is imported; HF_HUB_OFFLINE would make every request fail, even to the
-emulator (hf-jobs-api.md §8).
+emulator (docs/hf-jobs-api.md, "The client").
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ CLIENT_TIMEOUT = 10.0
 
 
 def install_client_timeout(seconds: float) -> None:
-    """The client has no HTTP timeout by default (hf-jobs-api.md pitfall 3): install one."""
+    """The client has no HTTP timeout by default (docs/hf-jobs-api.md, "The client"): install one."""
     set_client_factory(
         lambda: httpx2.Client(
             event_hooks={"request": [_http.hf_request_event_hook]},

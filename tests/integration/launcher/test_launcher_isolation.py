@@ -1,4 +1,4 @@
-"""Isolation inside a launched job (issue 5, "Must show"). One probe job, one assertion per test.
+"""Isolation inside a launched job (docs/sandboxing.md). One probe job, one assertion per test.
 
 `test_control_*` runs the same probe without the launcher and shows the probes do detect a
 reachable network, so the sandboxed results are not vacuous.

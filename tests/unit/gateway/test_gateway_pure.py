@@ -16,15 +16,15 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 
-from env_gateway import episode_view
 from env_gateway.auth import bearer, orchestrator_credential
 from env_gateway.config import GatewaySettings
 from env_gateway.episode_view import EpisodeView
-from env_gateway.http_mcp import host_allowed
 from env_gateway.kube import Conflict, Unavailable, _retry_then_type_failures
 from env_gateway.main import _frozen_heap
+from env_gateway.parsed_views import PARSED_VIEWS, ParsedViews
 from env_gateway.schemas import JobsWaitArgs, Outcome, SubmitJobArgs, ToolFailure
 from env_gateway.steps import CallRefused, StepCounter, StepLimitReached
+from env_gateway.surface import host_allowed
 from env_gateway.wire import mcp_call_result, step_payload
 from graders.tasks import get_task
 
@@ -84,32 +84,36 @@ def test_the_rewards_interval_reaches_the_trainer_once_the_episode_ends() -> Non
 
 
 def test_a_body_is_parsed_once_and_a_new_version_or_object_is_parsed_again() -> None:
+    views = ParsedViews()
     body = episode(steps=1)
-    view = EpisodeView.parse(body)
-    assert EpisodeView.parse(body) is view  # the same body object: the view parsed before
+    view = views.parse(body)
+    assert views.parse(body) is view  # the same body object: the view parsed before
     assert view.metadata(NOW) is not view.metadata(NOW)  # callers add to it: a new dict each time
     # A write's answer (e.g. Kube.set_steps): a new object with a new resourceVersion.
     written = {**body, "metadata": {**body["metadata"], "resourceVersion": "2"}, "status": {"steps": 2}}
-    again = EpisodeView.parse(written)
+    again = views.parse(written)
     assert again is not view and again.status.steps == 2 and again.steps_left == 1
-    assert EpisodeView.parse(body) is view  # the older version is still held for callers in flight
+    assert views.parse(body) is view  # the older version is still held for callers in flight
     # Another object with the same name and version is parsed on its own, never served another's view.
     lookalike = episode(steps=0)
-    assert EpisodeView.parse(lookalike) is not view and EpisodeView.parse(lookalike).status.steps == 0
+    assert views.parse(lookalike) is not view and views.parse(lookalike).status.steps == 0
     # Without a resourceVersion nothing is kept.
     unversioned = episode(steps=1)
     del unversioned["metadata"]["resourceVersion"]
-    assert EpisodeView.parse(unversioned) is not EpisodeView.parse(unversioned)
+    assert views.parse(unversioned) is not views.parse(unversioned)
+    # The pure parse keeps nothing: each call is a new view.
+    assert EpisodeView.parse(body) is not EpisodeView.parse(body)
 
 
 def test_the_parsed_views_are_bounded() -> None:
-    bodies = [episode() for _ in range(episode_view.PARSED_VIEWS + 10)]
+    views = ParsedViews()
+    bodies = [episode() for _ in range(PARSED_VIEWS + 10)]
     for i, body in enumerate(bodies):
         body["metadata"]["name"] = f"ep-{i}"
-        EpisodeView.parse(body)
-    assert len(episode_view._parsed) == episode_view.PARSED_VIEWS
-    assert ("ns", "ep-0", "1") not in episode_view._parsed  # the oldest went first
-    assert ("ns", f"ep-{len(bodies) - 1}", "1") in episode_view._parsed
+    parsed = [views.parse(body) for body in bodies]
+    assert len(views) == PARSED_VIEWS
+    assert views.parse(bodies[-1]) is parsed[-1]
+    assert views.parse(bodies[0]) is not parsed[0]  # the oldest parsed went first
 
 
 def test_the_heap_is_frozen_while_the_app_serves_and_unfrozen_after() -> None:

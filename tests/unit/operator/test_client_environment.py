@@ -1,6 +1,7 @@
-"""A kubernetes_asyncio client's HTTP session, the operator's and the gateway's, reads the environment
-(proxy variables, ~/.netrc) once, when it is made: a session that trusts it would read it again on
-every request, in worker threads."""
+"""The one builder of a kubernetes_asyncio client, the operator's and the gateway's: it chooses the
+configuration in one order, and the client's HTTP session reads the environment (proxy variables,
+~/.netrc) once, when it is made: a session that trusts it would read it again on every request, in
+worker threads."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
-from posttrain_operator import k8s
+from posttrain_operator import client_environment, k8s
 from posttrain_operator.client_environment import read_environment_once
 
 from env_gateway import kube as gateway_kube
@@ -69,20 +70,53 @@ async def test_netrc_credentials_for_the_api_server_keep_the_environment_trusted
     assert await trusts_environment()
 
 
-async def test_both_clients_are_made_with_the_environment_read_once(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
+def write_kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: c, cluster: {{server: '{API}', insecure-skip-tls-verify: true}}}}]\n"
+        f"clusters: [{{name: c, cluster: {{server: '{server}', insecure-skip-tls-verify: true}}}}]\n"
         "users: [{name: u, user: {token: t}}]\n"
         "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
     )
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    return path
+
+
+async def test_both_clients_are_made_with_the_environment_read_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", API)))
     for api in (await k8s.make_api_client(), await gateway_kube.make_api_client(None)):
         try:
             assert api.configuration.host == API
             assert not api.rest_client.pool_manager.trust_env
         finally:
+            await api.close()
+
+
+async def test_one_builder_chooses_the_configuration_for_both_in_one_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A kubeconfig named by the caller, then KUBECONFIG, then (outside a pod) ~/.kube/config."""
+    for name in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    named = write_kubeconfig(tmp_path / "named", "https://10.0.0.2:6443")
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "env", "https://10.0.0.3:6443")))
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True)
+    write_kubeconfig(home / ".kube" / "config", "https://10.0.0.4:6443")
+    monkeypatch.setenv("HOME", str(home))
+    chosen = [
+        (await client_environment.make_api_client(str(named)), "https://10.0.0.2:6443"),
+        (await gateway_kube.make_api_client(str(named)), "https://10.0.0.2:6443"),
+        (await client_environment.make_api_client(), "https://10.0.0.3:6443"),
+        (await gateway_kube.make_api_client(None), "https://10.0.0.3:6443"),
+    ]
+    monkeypatch.delenv("KUBECONFIG")
+    chosen += [
+        (await k8s.make_api_client(), "https://10.0.0.4:6443"),
+        (await gateway_kube.make_api_client(None), "https://10.0.0.4:6443"),
+    ]
+    try:
+        assert [api.configuration.host for api, _ in chosen] == [host for _, host in chosen]
+    finally:
+        for api, _ in chosen:
             await api.close()

@@ -121,7 +121,7 @@ def test_reserve_in_is_a_no_op_for_a_job_already_reserved() -> None:
 
 def test_only_an_ended_episode_judges_its_unlisted_unsettled_jobs_vanished() -> None:
     running = _running(10_000, gone=100, listed=100, orphan=100, done=100)
-    running.ledger = ledger_math.settle(running.ledger, "done", 50)[0]
+    running.ledger = ledger_math.settle(running.ledger, "done", 50).ledger
     running.orphaned_jobs = [OrphanedJob(name="orphan", backend_job_id="job-9")]
     listed = {"listed", "done"}
     # Running (or Scoring): a job may yet be admitted, and a missing one is not judged at all.
@@ -154,7 +154,9 @@ def test_limits_end_the_episode_with_reward_zero() -> None:
 def test_budget_exhaustion_waits_for_running_jobs() -> None:
     nearly_spent = _running(300, a=200)
     assert limit_reached(_spec(), nearly_spent, ARTIFACT, NOW, 167) is None  # a job still runs
-    settled = nearly_spent.model_copy(update={"ledger": ledger_math.settle(nearly_spent.ledger, "a", 200)[0]})
+    settled = nearly_spent.model_copy(
+        update={"ledger": ledger_math.settle(nearly_spent.ledger, "a", 200).ledger}
+    )
     end = limit_reached(_spec(), settled, ARTIFACT, NOW, 167)
     assert end is not None and "budget exhausted" in end.message
 
@@ -254,6 +256,17 @@ def test_conditions_move_transition_time_only_on_a_flip() -> None:
     assert reworded[0].last_transition_time == "t1" and reworded[0].observed_generation == 2
     flipped, _ = cond.set_condition(first, "Ready", False, "Ended", "stop", "t4", 2)
     assert flipped[0].last_transition_time == "t4" and flipped[0].status == "False"
+
+
+def test_a_condition_holds_only_while_its_status_is_true() -> None:
+    """What the gateway asks of a new Episode: is it Blocked (orphaned jobs in its namespace)?"""
+    blocked, _ = cond.set_condition([], cond.BLOCKED, True, cond.ORPHANED_JOBS, "two jobs", "t1", 1)
+    ready, _ = cond.set_condition(blocked, cond.READY, True, "Started", "go", "t1", 1)
+    found = cond.holding(ready, cond.BLOCKED)
+    assert found is not None and found.message == "two jobs"
+    cleared, _ = cond.set_condition(ready, cond.BLOCKED, False, cond.ORPHANED_JOBS, "none", "t2", 1)
+    assert cond.holding(cleared, cond.BLOCKED) is None
+    assert cond.holding(cleared, cond.READY) is not None
 
 
 @pytest.mark.parametrize(("score", "text"), [(1.0, "1"), (0.0, "0"), (0.955, "0.955"), (0.1 + 0.2, "0.3")])

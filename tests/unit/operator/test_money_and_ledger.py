@@ -63,23 +63,28 @@ def test_reserve_and_settle_are_idempotent_per_job() -> None:
     book = ledger.reserve(_fresh(1000), "a", 600).ledger
     again = ledger.reserve(book, "a", 600)
     assert again.admitted and not again.changed and again.ledger == book
-    settled, charged, changed = ledger.settle(book, "a", 200)
-    assert (charged, changed) == (200, True)
+    first = ledger.settle(book, "a", 200)
+    assert (first.jobs, first.charged, first.agent, first.platform) == (("a",), 200, 200, 0)
+    settled = first.ledger
     assert (settled.reserved_micro_usd, settled.settled_micro_usd) == (0, 200)
-    assert ledger.settle(settled, "a", 999) == (settled, 200, False)
+    assert ledger.settle(settled, "a", 999) == ledger.Settlement(settled, charged=200)
+    assert not ledger.settle(settled, "a", 999).changed
 
 
 def test_an_overrun_is_booked_as_platform_spend_not_charged_to_the_agent() -> None:
     book = ledger.reserve(_fresh(1000), "a", 600).ledger
-    settled, charged, _ = ledger.settle(book, "a", 800)
-    assert charged == 600
+    overrun = ledger.settle(book, "a", 800)
+    settled = overrun.ledger
+    assert (overrun.charged, overrun.agent, overrun.platform) == (600, 600, 200)
     assert settled.settled_micro_usd == 600 and settled.platform_micro_usd == 200
     assert ledger.invariant_holds(settled)
 
 
 def test_platform_jobs_are_never_refused_and_never_charged() -> None:
     book = ledger.reserve(_fresh(0), "score", 10_000, platform=True).ledger
-    settled, _, _ = ledger.settle(book, "score", 500)
+    booked = ledger.settle(book, "score", 500)
+    settled = booked.ledger
+    assert (booked.charged, booked.agent, booked.platform) == (500, 0, 500)
     assert (settled.reserved_micro_usd, settled.settled_micro_usd, settled.platform_micro_usd) == (0, 0, 500)
 
 
@@ -87,15 +92,22 @@ def test_settling_at_the_reservation_charges_the_worst_case_once_and_touches_not
     book = ledger.reserve(_fresh(10_000), "gone", 600).ledger
     book = ledger.reserve(book, "done", 600).ledger
     book = ledger.reserve(book, "score", 0, platform=True).ledger
-    book = ledger.settle(book, "done", 200)[0]
-    settled = ledger.settle_at_reservation(book, ["gone", "done", "score", "never-admitted"])
+    book = ledger.settle(book, "done", 200).ledger
+    settlement = ledger.settle_at_reservation(book, ["gone", "done", "score", "never-admitted"])
+    assert (settlement.jobs, settlement.charged, settlement.agent, settlement.platform) == (
+        ("gone", "score"),
+        600,
+        600,
+        0,
+    )
+    settled = settlement.ledger
     assert settled.entries["gone"].settled_micro_usd == 600
     assert settled.entries["done"] == book.entries["done"]  # already settled: kept
     assert settled.entries["score"].settled_micro_usd == 0 and settled.entries["score"].platform
     assert "never-admitted" not in settled.entries
     assert (settled.reserved_micro_usd, settled.settled_micro_usd, settled.platform_micro_usd) == (0, 800, 0)
     assert ledger.invariant_holds(settled)
-    assert ledger.settle_at_reservation(settled, ["gone"]) == settled
+    assert ledger.settle_at_reservation(settled, ["gone"]) == ledger.Settlement(settled)
 
 
 operations = st.lists(
@@ -111,7 +123,7 @@ def test_invariant_holds_after_any_sequence(budget: int, ops: list[tuple[str, in
         if op == "reserve":
             book = ledger.reserve(book, f"j{job}", amount).ledger
         else:
-            book = ledger.settle(book, f"j{job}", amount)[0]
+            book = ledger.settle(book, f"j{job}", amount).ledger
         assert ledger.invariant_holds(book)
         assert book.reserved_micro_usd == sum(
             e.reserved_micro_usd
