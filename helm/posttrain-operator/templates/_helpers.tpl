@@ -191,3 +191,18 @@ load the same task registry and must agree on both. */}}
   value: {{ $value | toString | quote }}
 {{- end }}
 {{- end }}
+
+{{/* The hosts the gateway's Ingress and HTTPRoute route to it (a JSON list), when they are enabled. */}}
+{{- define "posttrain-operator.gatewayExternalHosts" -}}
+{{- $hosts := list }}
+{{- if .Values.gateway.ingress.enabled }}
+{{- $hosts = concat $hosts .Values.gateway.ingress.hosts }}
+{{- range .Values.gateway.ingress.tls }}
+{{- $hosts = concat $hosts (default (list) .hosts) }}
+{{- end }}
+{{- end }}
+{{- if .Values.gateway.httpRoute.enabled }}
+{{- $hosts = concat $hosts .Values.gateway.httpRoute.hostnames }}
+{{- end }}
+{{- uniq $hosts | toJson }}
+{{- end }}
