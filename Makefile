@@ -11,6 +11,11 @@ PY := $(VENV)/bin/python
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_PYTHON := $(PYTHON)
 export UV_CACHE_DIR ?= $(CACHE_DIR)/uv-cache
+# `make test YES=1` (or POSTTRAIN_ASSUME_YES=1): the steps that change this machine (system packages,
+# Docker's default runtime, directory permissions) go ahead without asking.
+ifeq ($(YES),1)
+export POSTTRAIN_ASSUME_YES := 1
+endif
 
 ##@ Setup
 
@@ -20,14 +25,28 @@ $(UV):
 TASK_PLUGINS := examples/linear-map-task tasks/gsm8k
 
 # Two tasks are plugins in packages of their own, installed beside the project the way a lab would
-# install theirs (sync removes what the lock does not name, so they are installed after).
+# install theirs (sync removes what the lock does not name, so they are installed after). A cold sync
+# downloads about 3 GB (torch, CUDA wheels): uv shows its progress.
 $(VENV)/.synced: $(UV) pyproject.toml uv.lock $(addsuffix /pyproject.toml,$(TASK_PLUGINS))
-	$(UV) sync --locked --all-extras --quiet
-	$(UV) pip install --quiet --no-deps $(addprefix --editable ,$(TASK_PLUGINS))
+	$(UV) sync --locked --all-extras
+	$(UV) pip install --no-deps $(addprefix --editable ,$(TASK_PLUGINS))
 	@touch $@
 
 .PHONY: venv
-venv: $(VENV)/.synced ## Create .venv with every extra and the dev group (locked)
+venv: $(VENV)/.synced ## Create .venv with every extra and the dev group (locked; torch included, ~3 GB)
+
+VENV_LIGHT := .venv-light
+LIGHT_EXTRAS := operator gateway cli
+
+# The operator, the gateway and the CLI with the tools group (pytest, ruff, mypy): no torch, no
+# graders or trl. Enough to run and change those three; the test targets use the full .venv.
+$(VENV_LIGHT)/.synced: $(UV) pyproject.toml uv.lock
+	UV_PROJECT_ENVIRONMENT=$(abspath $(VENV_LIGHT)) \
+		$(UV) sync --locked --no-default-groups --group tools $(addprefix --extra ,$(LIGHT_EXTRAS))
+	@touch $@
+
+.PHONY: venv-light
+venv-light: $(VENV_LIGHT)/.synced ## Create .venv-light: operator, gateway, CLI and the tools, without torch (locked)
 
 .PHONY: lock
 lock: $(UV) ## Re-resolve uv.lock after changing pyproject.toml

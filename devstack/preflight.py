@@ -16,6 +16,16 @@ def blocked_ancestors(path: Path) -> list[Path]:
     return [p for p in [path, *path.parents] if not p.stat().st_mode & stat.S_IXOTH]
 
 
+def may_change(what: str) -> bool:
+    """Whether to change this machine: told to (POSTTRAIN_ASSUME_YES=1, CI=true), or asked on a terminal."""
+    if os.environ.get("POSTTRAIN_ASSUME_YES") == "1" or os.environ.get("CI") == "true":
+        return True
+    if not sys.stdin.isatty():
+        return False
+    answer = input(f"[preflight] {what}? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
 def main() -> int:
     if os.geteuid() != 0:
         return 0  # not root: the launcher cannot drop privileges, and its root-only tests say so
@@ -23,15 +33,16 @@ def main() -> int:
     if not blocked:
         return 0
     names = ", ".join(str(p) for p in blocked)
-    if os.environ.get("CI") == "true":
-        # A throw-away CI machine: grant search (not read) permission so uid 10000 can reach the repo.
+    if may_change(f"grant search permission (chmod o+x, not read) on {names}"):
+        # Search (not read) permission, so that uid 10000 can reach the repo.
         for directory in blocked:
             directory.chmod(directory.stat().st_mode | stat.S_IXOTH)
         print(f"[preflight] granted o+x on {names} so that job processes (uid 10000) reach the checkout")
         return 0
     print(
         f"[preflight] job processes run as uid 10000 and cannot reach this checkout through {names}.\n"
-        f"  Grant search permission (chmod o+x on those directories) or clone somewhere else.",
+        f"  Grant search permission (chmod o+x on those directories; POSTTRAIN_ASSUME_YES=1 or\n"
+        f"  `make test YES=1` lets this check do it) or clone somewhere else.",
         file=sys.stderr,
     )
     return 1

@@ -134,8 +134,11 @@ def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> None:
 def cmd_token(cluster: Cluster, args: argparse.Namespace) -> None:
     """A fresh agent token: its hash replaces the episode's (so the old token stops working at once);
     the token itself is printed once and stored nowhere."""
-    if not cluster.may("update", "episodes"):
-        raise CliError(f"forbidden: you may not update episodes in namespace {cluster.namespace}")
+    # Exactly what it does: read the Episode, then patch its status subresource.
+    if not (cluster.may("get", "episodes") and cluster.may("patch", "episodes", subresource="status")):
+        raise CliError(
+            f"forbidden: you may not get episodes and patch episodes/status in namespace {cluster.namespace}"
+        )
     episode = cluster.episode(args.episode)
     if (episode.get("status") or {}).get("phase") in DONE_PHASES:
         raise CliError(f"episode {args.episode} has ended; a token for it would be refused anyway")

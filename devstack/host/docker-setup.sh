@@ -4,7 +4,9 @@
 # Debian tools the image builds use (mmdebstrap, jq). Idempotent: a second run changes nothing and
 # only starts daemons that are not running.
 #
-# Needs root and apt-get for what is missing; says so and stops otherwise.
+# Needs root and apt-get for what is missing; says so and stops otherwise. Before it installs a
+# package or changes Docker's default runtime it asks (on a terminal), unless POSTTRAIN_ASSUME_YES=1
+# (`make test YES=1`); without a terminal and without that, it stops and says what it would change.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -18,6 +20,17 @@ say() { echo "[docker-setup] $*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
 
 docker_works() { docker info >/dev/null 2>&1; }
+
+# confirm WHAT: go on if told to (POSTTRAIN_ASSUME_YES=1) or if the person at the terminal says yes.
+confirm() {
+    [[ ${POSTTRAIN_ASSUME_YES:-0} == 1 ]] && return 0
+    if [[ ! -t 0 ]]; then
+        die "this would $1. Say yes with POSTTRAIN_ASSUME_YES=1 (make test YES=1), or do it by hand (README: What make test changes on this machine)"
+    fi
+    local answer
+    read -r -p "[docker-setup] this will $1. Go on? [y/N] " answer
+    [[ $answer == [yY] || $answer == [yY][eE][sS] ]] || die "stopped: nothing was changed by this step"
+}
 
 # CAP_SYS_RESOURCE is capability 24; CapBnd is the bounding set in hex.
 kernel_lacks_sys_resource() {
@@ -38,6 +51,7 @@ install_packages() {
     [[ ${#missing[@]} == 0 ]] && return 0
     need_root "installing ${missing[*]}" "apt-get install ${missing[*]}"
     command -v apt-get >/dev/null || die "no apt-get here: install ${missing[*]} (or Docker and mmdebstrap) with this system's package manager"
+    confirm "install the system packages ${missing[*]} (apt-get)"
     say "installing ${missing[*]} (apt-get)"
     # Debian's postinst scripts must not start daemons we start ourselves below.
     local policy=/usr/sbin/policy-rc.d
@@ -58,6 +72,10 @@ install_runtime_wrapper() {
         return 1
     fi
     need_root "installing the runc wrapper" "see devstack/host/runc-without-sys-resource"
+    if ! cmp -s "$HERE/runc-without-sys-resource" "$WRAPPER" \
+        || [[ $(jq -r '."default-runtime" // ""' "$DAEMON_JSON" 2>/dev/null) != "$RUNTIME_NAME" ]]; then
+        confirm "install $WRAPPER, make it Docker's default runtime in $DAEMON_JSON and restart dockerd"
+    fi
     if ! cmp -s "$HERE/runc-without-sys-resource" "$WRAPPER"; then
         install -m 0755 "$HERE/runc-without-sys-resource" "$WRAPPER"
         say "installed $WRAPPER (drops CAP_SYS_RESOURCE, which this kernel lacks)"

@@ -66,6 +66,12 @@ app.kubernetes.io/component: operator
 app.kubernetes.io/component: gateway
 {{- end }}
 
+{{/* The `helm test` probe's pod (no token): the one test pod the NetworkPolicies let in. */}}
+{{- define "posttrain-operator.testSelectorLabels" -}}
+{{ include "posttrain-operator.selectorLabels" . }}
+app.kubernetes.io/component: test-probe
+{{- end }}
+
 {{- define "posttrain-operator.operatorServiceAccountName" -}}
 {{- default (include "posttrain-operator.componentName" (list . "operator")) .Values.operator.serviceAccount.name }}
 {{- end }}
@@ -190,4 +196,36 @@ load the same task registry and must agree on both. */}}
 - name: {{ $name }}
   value: {{ $value | toString | quote }}
 {{- end }}
+{{- end }}
+
+{{/* The hosts the gateway's Ingress and HTTPRoute route to it (a JSON list), when they are enabled. */}}
+{{- define "posttrain-operator.gatewayExternalHosts" -}}
+{{- $hosts := list }}
+{{- if .Values.gateway.ingress.enabled }}
+{{- $hosts = concat $hosts .Values.gateway.ingress.hosts }}
+{{- range .Values.gateway.ingress.tls }}
+{{- $hosts = concat $hosts (default (list) .hosts) }}
+{{- end }}
+{{- end }}
+{{- if .Values.gateway.httpRoute.enabled }}
+{{- $hosts = concat $hosts .Values.gateway.httpRoute.hostnames }}
+{{- end }}
+{{- uniq $hosts | toJson }}
+{{- end }}
+
+{{/* The Host headers the gateway accepts (a JSON list): gateway.allowedHosts, or the Service's
+in-cluster names and loopback; with the hosts its Ingress and HTTPRoute route to it. */}}
+{{- define "posttrain-operator.gatewayAllowedHosts" -}}
+{{- $svc := include "posttrain-operator.componentName" (list . "gateway") }}
+{{- $ns := .Release.Namespace }}
+{{- $hosts := .Values.gateway.allowedHosts }}
+{{- if not $hosts }}
+{{- $hosts = list $svc (printf "%s:*" $svc) (printf "%s.%s" $svc $ns) (printf "%s.%s:*" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc:*" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) (printf "%s.%s.svc.cluster.local:*" $svc $ns) "127.0.0.1:*" "localhost:*" }}
+{{- end }}
+{{- /* The hosts an Ingress or HTTPRoute routes here are accepted too, with any port. */}}
+{{- range (include "posttrain-operator.gatewayExternalHosts" . | fromJsonArray) }}
+{{- $hosts = concat $hosts (list . (printf "%s:*" .)) }}
+{{- end }}
+{{- $hosts = uniq $hosts }}
+{{- $hosts | toJson }}
 {{- end }}

@@ -23,6 +23,12 @@ to fix them. Included by every template through the operator Deployment.
 {{- if and .Values.gateway.enabled (eq .Values.gateway.defaultBackend "pods") (not .Values.pods.enabled) }}
 {{- fail "gateway.defaultBackend is pods but pods.enabled is false" }}
 {{- end }}
+{{- if and .Values.gateway.ingress.enabled (not .Values.gateway.ingress.hosts) }}
+{{- fail "gateway.ingress.enabled is true but gateway.ingress.hosts is empty: name the host(s) clients reach the gateway at (the gateway accepts only the Host headers it is told)" }}
+{{- end }}
+{{- if and .Values.gateway.httpRoute.enabled (not (and .Values.gateway.httpRoute.parentRefs .Values.gateway.httpRoute.hostnames)) }}
+{{- fail "gateway.httpRoute.enabled is true but gateway.httpRoute.parentRefs or gateway.httpRoute.hostnames is empty: name the Gateway(s) it attaches to and the host name(s) it routes (the gateway accepts only the Host headers it is told)" }}
+{{- end }}
 {{- if and .Values.operator.watchNamespaces .Values.gateway.enabled (not (has (include "posttrain-operator.gatewayEpisodeNamespace" .) .Values.operator.watchNamespaces)) }}
 {{- fail (printf "the gateway creates Episodes in namespace %q, which operator.watchNamespaces does not include" (include "posttrain-operator.gatewayEpisodeNamespace" .)) }}
 {{- end }}

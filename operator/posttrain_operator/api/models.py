@@ -76,6 +76,14 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
+# A conditions list is a map keyed by type (as metav1.Condition lists are): a server-side apply
+# merges one condition without taking over the others, and a duplicate type is refused.
+CONDITIONS_LIST_TYPE: dict[str, Any] = {
+    "x-kubernetes-list-type": "map",
+    "x-kubernetes-list-map-keys": ["type"],
+}
+
+
 class Condition(ApiModel):
     """A Kubernetes-style condition; lastTransitionTime changes only when status flips."""
 
@@ -88,7 +96,9 @@ class Condition(ApiModel):
     )
     message: str = Field(default="", max_length=4096, description="message is a human-readable explanation.")
     last_transition_time: str = Field(
-        default="", description="lastTransitionTime is when status last changed."
+        default="",
+        description="lastTransitionTime is when status last changed.",
+        json_schema_extra={"format": "date-time"},
     )
     observed_generation: int = Field(
         default=0, ge=0, description="observedGeneration is the spec generation seen."
@@ -305,7 +315,7 @@ class EpisodeStatus(ApiModel):
         "BudgetQuota lists flavors: its own or its task's, narrowed to the quota's, in order.",
     )  # fmt: skip
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS,
+        default_factory=list, max_length=MAX_CONDITIONS, json_schema_extra=CONDITIONS_LIST_TYPE,
         description="conditions: Ready, Ended (terminal: kubectl wait --for=condition=Ended), BackendReady, "
         "Blocked, Orphaned.",
     )  # fmt: skip
@@ -466,7 +476,7 @@ class AgentJobStatus(ApiModel):
     )
     message: str | None = Field(default=None, max_length=4096, description="message explains the phase.")
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS,
+        default_factory=list, max_length=MAX_CONDITIONS, json_schema_extra=CONDITIONS_LIST_TYPE,
         description="conditions: Admitted, Submitted, Complete, Finished (terminal: kubectl wait "
         "--for=condition=Finished), EgressVerified (pods backend).",
     )  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PlainSerializer, WithJsonSchema
 
-from posttrain_operator.api.models import MAX_CONDITIONS, ApiModel, Backend, Condition
+from posttrain_operator.api.models import CONDITIONS_LIST_TYPE, MAX_CONDITIONS, ApiModel, Backend, Condition
 from posttrain_operator.api.money import USD_PATTERN
 
 QUOTA_NAME = "default"
@@ -173,7 +173,7 @@ class BudgetQuotaStatus(ApiModel):
         default_factory=dict, max_length=MAX_QUOTA_RESERVATIONS + GRADER_HEADROOM
     )
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS,
+        default_factory=list, max_length=MAX_CONDITIONS, json_schema_extra=CONDITIONS_LIST_TYPE,
         description="conditions: Ready (the spec is understood and applied), OverLimit (the window's spend "
         "is above a limit lowered since), FlavorsOffered (a backend it allows offers every flavor it lists).",
     )  # fmt: skip

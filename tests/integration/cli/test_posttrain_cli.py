@@ -169,7 +169,18 @@ def test_logs_are_read_as_the_caller_and_refused_without_rbac(
     assert nowhere.returncode == 1 and "--broker-url" in nowhere.stderr
 
 
-def test_token_replaces_the_agent_token_only_for_who_may_update_episodes(
+def _grant(kubectl: Kubectl, namespace: str, name: str, rules: dict[str, list[str]]) -> None:
+    """A Role of posttrain.dev rules ({resource: verbs}) bound to ServiceAccount `name`."""
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name},
+        "rules": [{"apiGroups": ["posttrain.dev"], "resources": [r], "verbs": v} for r, v in rules.items()],
+    }  # fmt: skip
+    apply(kubectl, namespace, role)
+    kubectl("-n", namespace, "create", "rolebinding", name, f"--role={name}",
+            f"--serviceaccount={namespace}:{name}")  # fmt: skip
+
+
+def test_token_replaces_the_agent_token_only_for_who_may_patch_the_episode_s_status(
     kubectl: Kubectl,
     cluster: devcluster.ClusterState,
     namespace: str,
@@ -180,17 +191,26 @@ def test_token_replaces_the_agent_token_only_for_who_may_update_episodes(
     apply(kubectl, namespace, episode_manifest("ep", budget="0.50"))
     before = wait_phase(kubectl, namespace, "episode", "ep", {"Running"})["status"]["agentTokenHash"]
     stranger = _service_account(kubectl, cluster, namespace, "stranger", tmp_path, reads_jobs=True)
+    # May update the Episode itself but not its status: the token is refused before anything is written.
+    editor = _service_account(kubectl, cluster, namespace, "editor", tmp_path, reads_jobs=False)
+    _grant(kubectl, namespace, "editor", {"episodes": ["get", "update", "patch"]})
+    # May read the Episode and patch its status, nothing else: all `token` does.
+    rotator = _service_account(kubectl, cluster, namespace, "rotator", tmp_path, reads_jobs=False)
+    _grant(kubectl, namespace, "rotator", {"episodes": ["get"], "episodes/status": ["patch"]})
 
-    refused = posttrain(stranger, namespace, "token", "ep")
-    assert refused.returncode == 1 and "may not update episodes" in refused.stderr
-    assert get(kubectl, namespace, "episode", "ep")["status"]["agentTokenHash"] == before
+    for who in (stranger, editor):
+        refused = posttrain(who, namespace, "token", "ep")
+        assert refused.returncode == 1 and "may not get episodes and patch episodes/status" in refused.stderr
+        assert get(kubectl, namespace, "episode", "ep")["status"]["agentTokenHash"] == before
 
-    minted = posttrain(cluster.kubeconfig, namespace, "token", "ep")
-    assert minted.returncode == 0, minted.stderr
-    token = minted.stdout.strip()
-    assert len(token) >= 40
-    after = get(kubectl, namespace, "episode", "ep")["status"]["agentTokenHash"]
-    assert after == token_hash(token) != before
+    for who in (rotator, cluster.kubeconfig):
+        minted = posttrain(who, namespace, "token", "ep")
+        assert minted.returncode == 0, minted.stderr
+        token = minted.stdout.strip()
+        assert len(token) >= 40
+        after = get(kubectl, namespace, "episode", "ep")["status"]["agentTokenHash"]
+        assert after == token_hash(token) != before
+        before = after
 
 
 def test_quota_shows_the_namespace_s_limit_spend_and_periods(

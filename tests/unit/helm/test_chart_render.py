@@ -36,6 +36,7 @@ from tests.unit.helm.chart import (
 
 SUFFIXES = (
     "-operator",
+    "-test-probe",
     "-gateway",
     "-broker",
     "-operator-framework",
@@ -89,11 +90,13 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
         ("ServiceAccount", f"{FULL}-uninstall"),
         ("ConfigMap", f"{FULL}-dashboard"),
         ("ConfigMap", f"{FULL}-test"),
+        ("ConfigMap", f"{FULL}-test-probe"),
         ("Deployment", f"{FULL}-gateway"),
         ("Deployment", f"{FULL}-operator"),
         ("NetworkPolicy", f"{FULL}-gateway"),
         ("NetworkPolicy", f"{FULL}-operator"),
         ("Pod", f"{FULL}-test"),
+        ("Pod", f"{FULL}-test-probe"),
         ("Role", f"{FULL}-gateway"),
         ("Role", f"{FULL}-operator-leader"),
         ("RoleBinding", f"{FULL}-gateway"),
@@ -118,7 +121,7 @@ def test_default_render_is_the_expected_set_of_objects(default_docs: list[dict[s
 @pytest.mark.parametrize("values", [{}, HF_VALUES], ids=["defaults", "hf-jobs"])
 def test_every_pod_is_locked_down(values: dict[str, Any]) -> None:
     specs = dict(pod_specs(render(values)))
-    assert set(specs) == {f"{FULL}-operator", f"{FULL}-gateway", f"{FULL}-test"}
+    assert set(specs) == {f"{FULL}-operator", f"{FULL}-gateway", f"{FULL}-test", f"{FULL}-test-probe"}
     for name, spec in specs.items():
         assert spec["securityContext"]["runAsNonRoot"] is True, name
         assert spec["securityContext"]["runAsUser"] == 10000, name
@@ -130,8 +133,9 @@ def test_every_pod_is_locked_down(values: dict[str, Any]) -> None:
                 m.get("mountPath", "").startswith("/var/run/docker")
                 for m in container.get("volumeMounts", [])
             )
-        # The token is mounted where the pod needs the API, and nowhere by default on the accounts.
-        assert spec["automountServiceAccountToken"] is True, name
+        # The token is mounted where the pod needs the API (not the `helm test` probe, which calls
+        # the gateway and the operator only), and nowhere by default on the accounts.
+        assert spec["automountServiceAccountToken"] is (not name.endswith("-test-probe")), name
     for sa in find(render(values), "ServiceAccount"):
         assert sa["automountServiceAccountToken"] is False
 
@@ -202,7 +206,10 @@ def test_hf_token_is_only_a_secret_reference_and_only_the_operator_gets_it() -> 
 
 
 def test_task_settings_reach_the_operator_and_the_gateway_alike() -> None:
-    settings = {"POSTTRAIN_TASK_GSM8K_BASE_MODEL": "Qwen/Qwen3-4B-Base", "POSTTRAIN_TASK_GSM8K_STANDIN": False}
+    settings = {
+        "POSTTRAIN_TASK_GSM8K_BASE_MODEL": "Qwen/Qwen3-4B-Base",
+        "POSTTRAIN_TASK_GSM8K_STANDIN": False,
+    }
     docs = render({**HF_VALUES, "tasks": {"settings": settings}})
     for component in ("operator", "gateway"):
         env = container_env(main_container(docs, f"{FULL}-{component}"))
@@ -242,8 +249,11 @@ def test_network_policies_admit_only_the_gateway_to_the_broker(default_docs: lis
     assert policy["policyTypes"] == ["Ingress"]
     assert policy["podSelector"]["matchLabels"].items() <= labels["operator"].items()
     assert not policy["podSelector"]["matchLabels"].items() <= labels["gateway"].items()
-    # The broker's rule; the metrics port's is tests/unit/helm/test_chart_metrics.py's.
-    [rule] = [r for r in policy["ingress"] if r["ports"][0]["port"] != 8082]
+    # The broker's rule; the metrics port's is tests/unit/helm/test_chart_metrics.py's, the `helm test`
+    # probe's is tests/unit/helm/test_chart_helm_test.py's.
+    probe = "test-probe"
+    [rule] = [r for r in policy["ingress"] if r["ports"][0]["port"] != 8082
+              and r["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] != probe]  # fmt: skip
     [peer] = rule["from"]
     assert set(peer) == {"podSelector"}  # the gateway's pods, in this namespace only
     assert peer["podSelector"]["matchLabels"].items() <= labels["gateway"].items()
@@ -443,11 +453,19 @@ def test_runtime_classes_render_with_overhead_and_scheduling_and_bad_ones_are_re
     assert set(one(docs, "RuntimeClass", "kata")) == {"apiVersion", "kind", "metadata", "handler"}
     assert find(render(PODS_AND_HF), "RuntimeClass") == []  # none unless asked for
     # Which of them sandbox a job (what a task that requires a sandbox may run on) reaches the operator.
-    for given, want in (({}, ["gvisor"]), ({"sandboxRuntimeClasses": ["gvisor", "kata"]}, ["gvisor", "kata"])):
+    for given, want in (
+        ({}, ["gvisor"]),
+        ({"sandboxRuntimeClasses": ["gvisor", "kata"]}, ["gvisor", "kata"]),
+    ):
         spec = one(render({**PODS_AND_HF, "pods": {**PODS, **given}}), "Deployment", f"{FULL}-operator")
         env = container_env(spec["spec"]["template"]["spec"]["containers"][0])
         raw = json.loads(env["POSTTRAIN_PODS_SANDBOX_RUNTIME_CLASSES"]["value"])
-        assert OperatorSettings.model_validate({"pods_sandbox_runtime_classes": raw}).pods_sandbox_runtime_classes == want
+        assert (
+            OperatorSettings.model_validate(
+                {"pods_sandbox_runtime_classes": raw}
+            ).pods_sandbox_runtime_classes
+            == want
+        )
     for bad, field in (
         ({"name": "gvisor"}, "handler"),
         ({"name": "Not_A_Name", "handler": "runsc"}, "name"),
@@ -585,7 +603,10 @@ def test_json_logs_reach_both_components_and_text_is_the_default() -> None:
     assert not [a for a in args if a.startswith("--log-format")] and gateway == "text"
     args, gateway = flags(render({**HF_VALUES, "logging": {"format": "json"}}))
     assert "--log-format=json" in args and gateway == "json"
-    assert GatewaySettings.model_validate({"orchestrator_token": "t", "log_format": gateway}).log_format == "json"
+    assert (
+        GatewaySettings.model_validate({"orchestrator_token": "t", "log_format": gateway}).log_format
+        == "json"
+    )
     assert "logging" in render_error({**HF_VALUES, "logging": {"format": "yaml"}})
 
 

@@ -1,0 +1,56 @@
+"""`helm test`: the gateway and the operator answer on their Services. The gateway's /health, the
+operator's readiness (/healthz on its broker port: each backend's credentials), then one scripted
+exchange on the gateway's orchestrator surface: open a session, list the agent's tools, close it.
+No Episode is created. Exits non-zero, saying which step failed, when any does (a gateway scaled to
+zero has no endpoints: the first step cannot connect)."""
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+
+GATEWAY = os.environ["GATEWAY_URL"]
+OPERATOR = os.environ["OPERATOR_URL"]
+HOST = os.environ.get("GATEWAY_HOST", "")
+TOKEN = os.environ["ORCHESTRATOR_TOKEN"]
+TIMEOUT = float(os.environ.get("PROBE_TIMEOUT_SECONDS", "10"))
+
+
+def call(step, url, body=None, headers=None):
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode())
+    for key, value in (headers or {}).items():
+        request.add_header(key, value)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        sys.exit(f"FAIL {step}: {url} answered {exc.code}: {exc.read()[:300].decode(errors='replace')}")
+    except (OSError, ValueError) as exc:
+        sys.exit(f"FAIL {step}: {url}: {exc}")
+
+
+def rpc(step, method, params):
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    if HOST:
+        headers["Host"] = HOST
+    answer = call(step, f"{GATEWAY}/mcp", {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers)
+    if "result" not in answer:
+        sys.exit(f"FAIL {step}: {method} answered {json.dumps(answer)[:300]}")
+    return answer["result"]
+
+
+health = call("gateway health", f"{GATEWAY}/health", headers={"Host": HOST} if HOST else None)
+if health.get("status") != "healthy":
+    sys.exit(f"FAIL gateway health: {health}")
+print("ok gateway /health")
+ready = call("operator readiness", f"{OPERATOR}/healthz")
+if ready.get("status") != "ok":
+    sys.exit(f"FAIL operator readiness: {ready}")
+print(f"ok operator /healthz ({ready.get('role')}; backends: {', '.join(ready.get('backends', {})) or 'none'})")
+session = rpc("session", "openenv/session/create", {})["session_id"]
+tools = [tool["name"] for tool in rpc("tools/list", "tools/list", {"session_id": session})["tools"]]
+if not tools:
+    sys.exit("FAIL tools/list: the gateway listed no tools")
+rpc("session close", "openenv/session/close", {"session_id": session})
+print(f"ok gateway tools/list: {' '.join(sorted(tools))}")
