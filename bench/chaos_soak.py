@@ -182,25 +182,27 @@ class Soak:
             await self.end_early(action, episode["metadata"]["name"])
 
     async def end_early(self, how: str, name: str) -> None:
-        self.ended_by[how] += 1
+        """Delete the Episode, or submit its first Succeeded job as its checkpoint (one with none yet
+        ends at its limit instead); counted once the API server took it."""
         while True:
             try:
                 if how == "delete":
                     await self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace,
                                                                       "episodes", name)  # fmt: skip
-                    return
-                jobs = await self.jobs()
-                done = [j for j in jobs if j["spec"]["episode"] == name
-                        and j.get("status", {}).get("phase") == "Succeeded"]  # fmt: skip
-                if not done:  # nothing to submit yet: it ends at its limit instead
-                    self.ended_by[how] -= 1
-                    return
-                patch = {"spec": {"submission": {"checkpointFrom": done[0]["metadata"]["name"]}}}
-                await self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace,
-                                                                 "episodes", name, patch)  # fmt: skip
+                else:
+                    done = [j for j in await self.jobs() if j["spec"]["episode"] == name
+                            and j.get("status", {}).get("phase") == "Succeeded"]  # fmt: skip
+                    if not done:
+                        return
+                    patch = {"spec": {"submission": {"checkpointFrom": done[0]["metadata"]["name"]}}}
+                    await self.custom.patch_namespaced_custom_object(
+                        GROUP, VERSION, self.namespace, "episodes", name, patch,
+                        _content_type="application/merge-patch+json",
+                    )  # fmt: skip
+                self.ended_by[how] += 1
                 return
             except client.ApiException as exc:
-                if exc.status < 500 and exc.status != 429:
+                if exc.status < 500 and exc.status != 429:  # gone, or no longer Running
                     return
             except (TimeoutError, OSError, aiohttp.ClientError):
                 pass
