@@ -21,7 +21,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from env_gateway.config import GatewaySettings
 from tests.conftest import make_kubectl
 from tests.integration.conftest import episode_manifest

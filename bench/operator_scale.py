@@ -43,7 +43,7 @@ sys.path[:0] = [str(REPO), str(REPO / "operator"), str(REPO / "launcher_image")]
 
 from posttrain_operator.api.rules import new_job_metadata  # noqa: E402
 
-from devstack import cluster as devcluster  # noqa: E402
+from devstack.controlplane import cluster as devcluster  # noqa: E402
 from devstack.hf_emulator import routes  # noqa: E402
 from devstack.hf_emulator.repos import remove_tree  # noqa: E402
 from tests.integration.conftest import (  # noqa: E402

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from devstack import cluster
-from devstack.build import log
+from devstack.controlplane import cluster
 from devstack.hf_emulator.repos import remove_tree
-from devstack.paths import KUBERNETES_VERSION, bin_dir, run_root
+from devstack.toolchain.build import log
+from devstack.toolchain.paths import KUBERNETES_VERSION, bin_dir, run_root
 
 if TYPE_CHECKING:
     from graders.assets import LocalRepo

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 
 _LAYER_BY_DIR = {"unit": "unit", "integration": "integration", "e2e": "e2e"}
 

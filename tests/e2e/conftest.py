@@ -1,6 +1,6 @@
 """The e2e layer: the Helm-installed chart, from the project's own images, on a cluster with a node.
 
-By default the session creates a kind cluster (`devstack/kind.py`: the official node image where
+By default the session creates a kind cluster (`devstack/kind/cluster.py`: the official node image where
 Docker can pull it, else the one built here), loads the images with `kind load`, installs the chart
 with `helm install --wait`, and deletes the cluster at the end. Any other cluster works too:
 
@@ -37,10 +37,11 @@ import pytest
 import yaml
 from posttrain_launcher.host import job_interpreter
 
-from devstack import environments, images, kind, seccomp
-from devstack.build import ensure_binaries
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
+from devstack.kind import cluster as kind
+from devstack.kind import environments, images, seccomp
+from devstack.toolchain.build import ensure_binaries
 from graders.assets import materialize_assets
 from tests.gsm8k_standin import SETTINGS as GSM8K_STANDIN
 from tests.gsm8k_standin import standin_registry
@@ -378,7 +379,7 @@ def e2e_values(
                 "probes": [{"name": "canary", "host": canary.host, "port": canary.port}] if canary else []
             },
             "packageIndex": package_index,
-            # The node image installs it (devstack/seccomp.py): agent jobs get loopback.
+            # The node image installs it (devstack/kind/seccomp.py): agent jobs get loopback.
             "loopbackSeccompProfile": seccomp.PROFILE_NAME,
         }
     return {

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from posttrain_launcher.host import job_interpreter
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets import LocalRepo, materialize_assets

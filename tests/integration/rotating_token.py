@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from tests.conftest import Kubectl
 from tests.helpers import wait_for
 

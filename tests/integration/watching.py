@@ -8,7 +8,7 @@ import subprocess
 import threading
 from typing import Any
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json, wait_for
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from tests.conftest import Kubectl, make_kubectl
 from tests.helpers import kubectl_json, wait_for
 

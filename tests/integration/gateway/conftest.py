@@ -19,7 +19,7 @@ import uvicorn
 import websockets
 import yaml
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from env_gateway.config import GatewaySettings
 from env_gateway.main import create_app

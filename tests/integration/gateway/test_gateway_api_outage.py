@@ -32,7 +32,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from env_gateway.config import GatewaySettings
 from env_gateway.wire import JSONRPC_UNAVAILABLE, UNAVAILABLE_CODE
 from tests.conftest import Kubectl, make_kubectl

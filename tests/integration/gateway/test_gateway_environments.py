@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from tests.conftest import Kubectl
 from tests.integration.conftest import (

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import websockets
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from env_gateway.config import GatewaySettings
 from env_gateway.http_mcp import UNAUTHENTICATED_BODY_BYTES
 from env_gateway.tools import TOOLS

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from env_gateway.cache import wait_until
 from env_gateway.config import GatewaySettings
 from env_gateway.kube import Kube, make_api_client

@@ -8,7 +8,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from tests.conftest import Kubectl
 from tests.integration.conftest import OperatorProcess, get
 from tests.integration.gateway.conftest import GatewayServer, _settings, orchestrator, serve

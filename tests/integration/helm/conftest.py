@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from env_gateway.config import GatewaySettings
 from tests.conftest import Kubectl, make_kubectl

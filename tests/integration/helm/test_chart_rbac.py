@@ -15,7 +15,7 @@ from posttrain_operator.api import provenance
 from posttrain_operator.api.models import ProvenanceSummary
 from posttrain_operator.backends.hf_replies import label_value
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from env_gateway.provenance import tool_call
 from tests.conftest import Kubectl

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from tests.conftest import Kubectl
 from tests.helpers import kubectl_json
 from tests.integration.conftest import REPO, apply, episode_manifest, get

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from tests.conftest import Kubectl, make_kubectl
 from tests.helpers import wait_for

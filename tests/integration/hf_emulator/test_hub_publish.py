@@ -171,8 +171,8 @@ def test_an_org_namespace_is_writable_and_requests_are_counted_and_faulted(
     api = HfApi(endpoint=emulator.url, token=emulator.token)
     api.create_repo("team/base", repo_type="model")
     # The client retries a preupload or commit that fails with a 5xx; each try is counted.
-    emulator.inject("http_error", route=routes.PREUPLOAD, status=503, count=1)
-    emulator.inject("http_error", route=routes.COMMIT, status=502, count=1)
+    emulator.controls.inject("http_error", route=routes.PREUPLOAD, status=503, count=1)
+    emulator.controls.inject("http_error", route=routes.COMMIT, status=502, count=1)
     info = api.upload_folder(folder_path=folder(data_dir / "src", {"a.txt": b"a"}), repo_id="team/base")
     assert emulator.request_count(routes.PREUPLOAD) == 2 and emulator.request_count(routes.COMMIT) == 2
     assert api.model_info("team/base").sha == info.oid

@@ -23,8 +23,8 @@ import pytest
 from huggingface_hub import HfApi, HfFileSystem, Volume
 
 from devstack.hf_emulator import HfEmulator
-from devstack.hf_emulator.isolation import python_binds
 from devstack.hf_emulator.repos import remove_tree
+from devstack.sandbox.isolation import python_binds
 from graders.assets.datasets import write_dataset_repo
 from graders.tasks import get_task
 from tests.helpers import wait_for

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from tests.checkpoint_jobs import BIG_CHECKPOINT, OPTIMIZER_STATE, RESUMED
 from tests.conftest import Kubectl

@@ -57,7 +57,7 @@ install_runtime_wrapper() {
         say "kernel grants CAP_SYS_RESOURCE: Docker's own runc is used as is"
         return 1
     fi
-    need_root "installing the runc wrapper" "see devstack/host/runc-without-sys-resource"
+    need_root "installing the runc wrapper" "see devstack/kind/host/runc-without-sys-resource"
     if ! cmp -s "$HERE/runc-without-sys-resource" "$WRAPPER"; then
         install -m 0755 "$HERE/runc-without-sys-resource" "$WRAPPER"
         say "installed $WRAPPER (drops CAP_SYS_RESOURCE, which this kernel lacks)"
