@@ -23,10 +23,10 @@ from pathlib import Path
 
 from devstack.controlplane import cluster as devcluster
 from env_gateway.config import GatewaySettings
-from tests.conftest import make_kubectl
-from tests.integration.conftest import episode_manifest
+from tests.helpers import make_kubectl
 from tests.integration.gateway import hostile
-from tests.integration.gateway.conftest import GatewayServer, serve
+from tests.integration.gateway.support import GatewayServer, serve
+from tests.integration.support import episode_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 

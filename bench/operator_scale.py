@@ -46,7 +46,7 @@ from posttrain_operator.api.rules import new_job_metadata  # noqa: E402
 from devstack.controlplane import cluster as devcluster  # noqa: E402
 from devstack.hf_emulator import routes  # noqa: E402
 from devstack.hf_emulator.repos import remove_tree  # noqa: E402
-from tests.integration.conftest import (  # noqa: E402
+from tests.integration.support import (  # noqa: E402
     OperatorProcess,
     make_emulator,
     register_placeholder_repos,

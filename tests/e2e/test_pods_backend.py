@@ -18,7 +18,7 @@ from posttrain_operator.ledger import billed_seconds, cost_for, reservation_for
 from devstack.kind import seccomp
 from graders.tasks import get_task
 from tests.checkpoint_jobs import BIG_CHECKPOINT, RESUMED
-from tests.e2e.conftest import (
+from tests.e2e.support import (
     GATEWAY_SERVICE,
     HOLD_LABEL,
     JOB_RUNTIMES,

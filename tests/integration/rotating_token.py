@@ -11,8 +11,7 @@ from pathlib import Path
 import yaml
 
 from devstack.controlplane import cluster as devcluster
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
+from tests.helpers import Kubectl, wait_for
 
 
 class RotatingToken:

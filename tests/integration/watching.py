@@ -9,8 +9,7 @@ import threading
 from typing import Any
 
 from devstack.controlplane import cluster as devcluster
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json, wait_for
+from tests.helpers import Kubectl, kubectl_json, wait_for
 
 
 class ObjectWatch:

@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from devstack.controlplane import cluster as devcluster
-from tests.conftest import Kubectl, make_kubectl
-from tests.helpers import kubectl_json, wait_for
+from tests.helpers import Kubectl, kubectl_json, make_kubectl, wait_for
 
 
 def _widget_crd(group: str) -> dict[str, object]:

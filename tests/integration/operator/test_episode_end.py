@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from devstack.hf_emulator import HfEmulator
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, wait_for
+from tests.integration.support import (
     OperatorProcess,
     agentjob_manifest,
     apply,

@@ -19,9 +19,8 @@ from posttrain_operator.backends.hf_jobs import KEY_LABEL, HfJobsBackend, HfJobs
 
 from devstack.hf_emulator import HfEmulator, routes
 from devstack.hf_emulator.repos import remove_tree
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, wait_for
+from tests.integration.support import (
     BUCKET,
     HF_NAMESPACE,
     HF_TOKEN,

@@ -15,8 +15,8 @@ import pytest
 from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from devstack.toolchain.paths import cache_root
-from tests.conftest import Kubectl
-from tests.integration.conftest import (
+from tests.helpers import Kubectl
+from tests.integration.support import (
     REPO,
     OperatorProcess,
     agentjob_manifest,

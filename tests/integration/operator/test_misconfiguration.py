@@ -17,9 +17,8 @@ import pytest
 from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator, routes
 from devstack.hf_emulator.repos import remove_tree
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json, wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, kubectl_json, wait_for
+from tests.integration.support import (
     HF_TOKEN,
     OperatorProcess,
     agentjob_manifest,
