@@ -4,7 +4,6 @@ with the task assets, manifests and waits, and the job interpreter fixture (conf
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from posttrain_launcher.host import job_interpreter
 
 from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
+from devstack.operator_env import operator_env
 from devstack.sandbox.trees import remove_tree
 from graders.tasks import all_tasks
 from tests.helpers import Kubectl, kubectl_json, wait_for
@@ -120,30 +120,27 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.metrics_port}"
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("POSTTRAIN_")}
-        env.update(
-            KUBECONFIG=str(self.cluster.kubeconfig),
-            HF_HUB_DISABLE_TELEMETRY="1",
-            HF_HOME=str(self.log_dir / "hf-home"),
-            POSTTRAIN_HF_ENDPOINT=self.emulator.url,
-            POSTTRAIN_HF_TOKEN=HF_TOKEN,
-            POSTTRAIN_HF_NAMESPACE=HF_NAMESPACE,
-            POSTTRAIN_HF_BUCKET=BUCKET,
-            POSTTRAIN_HF_HTTP_TIMEOUT_SECONDS="3",
-            # The emulator's jail gives each job a network namespace holding lo alone.
-            POSTTRAIN_HF_JOBS_LOOPBACK="true",
-            POSTTRAIN_POLL_INTERVAL_SECONDS="0.5",
-            POSTTRAIN_EPISODE_TICK_SECONDS="0.5",
-            POSTTRAIN_ORPHAN_RETRY_INITIAL_SECONDS="1",
-            POSTTRAIN_ORPHAN_RETRY_MAX_SECONDS="4",
-            POSTTRAIN_BROKER_HOST="127.0.0.1",
-            POSTTRAIN_BROKER_PORT=str(self.broker_port),
-            POSTTRAIN_METRICS_HOST="127.0.0.1",
-            POSTTRAIN_METRICS_PORT=str(self.metrics_port),
-            POSTTRAIN_BROKER_ALLOWED_USERS=json.dumps([f"system:serviceaccount:{BROKER_NAMESPACE}:gateway"]),
+        settings = {
+            "HF_HOME": str(self.log_dir / "hf-home"),
+            "POSTTRAIN_HF_HTTP_TIMEOUT_SECONDS": "3",
+            "POSTTRAIN_POLL_INTERVAL_SECONDS": "0.5",
+            "POSTTRAIN_EPISODE_TICK_SECONDS": "0.5",
+            "POSTTRAIN_ORPHAN_RETRY_INITIAL_SECONDS": "1",
+            "POSTTRAIN_ORPHAN_RETRY_MAX_SECONDS": "4",
+            **self.extra_env,
+        }
+        return operator_env(
+            os.environ,
+            kubeconfig=self.cluster.kubeconfig,
+            hf_endpoint=self.emulator.url,
+            hf_token=HF_TOKEN,
+            hf_namespace=HF_NAMESPACE,
+            hf_bucket=BUCKET,
+            broker_port=self.broker_port,
+            metrics_port=self.metrics_port,
+            broker_allowed_users=[f"system:serviceaccount:{BROKER_NAMESPACE}:gateway"],
+            **settings,
         )
-        env.update(self.extra_env)
-        return env
 
     def start(self) -> OperatorProcess:
         self.starts += 1
