@@ -57,7 +57,7 @@ binaries: venv ## Build (cold, many minutes) or reuse the cached control-plane b
 	$(PY) -m devstack build
 
 CHART := helm/posttrain-operator
-HELM = $(shell $(PY) -c 'from devstack.paths import bin_dir; print(bin_dir())')/helm
+HELM = $(shell $(PY) -c 'from devstack.toolchain.paths import bin_dir; print(bin_dir())')/helm
 HELM_KUBE_VERSION := 1.34.4
 
 .PHONY: manifests
@@ -142,7 +142,7 @@ cluster-down: venv ## Stop the local control plane and remove its state
 
 .PHONY: docker-host
 docker-host: ## Install and start Docker (Debian's docker.io), plus the runc wrapper on kernels without CAP_SYS_RESOURCE
-	bash devstack/host/docker-setup.sh
+	bash devstack/kind/host/docker-setup.sh
 
 .PHONY: images
 images: venv docker-host ## Build the operator+gateway, launcher and environment images (tags from the locks and sources; warm: no-op)

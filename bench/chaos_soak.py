@@ -43,10 +43,10 @@ from posttrain_operator.api.rules import new_job_metadata
 from posttrain_operator.backends.hf_jobs import EPISODE_LABEL, KEY_LABEL, label_value
 from soak_faults import FAULT_ROUTES, Timeline, backend_fault
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import Fault
 from devstack.hf_emulator.repos import remove_tree
-from tests.integration.conftest import OperatorProcess, make_emulator, register_placeholder_repos
+from tests.integration.support import OperatorProcess, make_emulator, register_placeholder_repos
 
 ACTIVE = {"stage": ["RUNNING", "SCHEDULING"]}
 ENDED = {"Succeeded", "Failed", "Completed"}  # an Episode's terminal phases
@@ -175,7 +175,7 @@ class Soak:
             await asyncio.to_thread(devcluster.start_apiserver, self.state)
         elif action == "fault":
             fault = backend_fault(self.rng)
-            self.faults.append(self.emulator.add_fault(fault))
+            self.faults.append(self.emulator.controls.add_fault(fault))
             self.faults_made[f"{fault.kind} {FAULT_ROUTES[fault.route]}"] += 1
         elif action in ("delete", "submit") and self.live:
             episode = self.live.pop(self.rng.randrange(len(self.live)))
@@ -292,8 +292,8 @@ async def soak(args: argparse.Namespace) -> int:
         await run.make_episodes()
         started = time.monotonic()
         await asyncio.gather(run.load(args.minutes * 60), run.run_timeline())
-        run.emulator.clear_faults()
-        run.emulator.release_hangs()
+        run.emulator.controls.clear_faults()
+        run.emulator.controls.release_hangs()
         soaked = time.monotonic() - started
         outcome = None
         while outcome is None and time.monotonic() - started < soaked + SETTLE_TIMEOUT:

@@ -45,8 +45,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "operator"), str(REPO / "launcher_image")]
 
-from devstack import cluster as devcluster  # noqa: E402
-from devstack.paths import cache_root  # noqa: E402
+from devstack.controlplane import cluster as devcluster  # noqa: E402
+from devstack.toolchain.paths import cache_root  # noqa: E402
 
 HEY_VERSION = "v0.1.5"
 STATUS_CALL = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "jobs_status"}}

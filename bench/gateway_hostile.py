@@ -21,12 +21,12 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from env_gateway.config import GatewaySettings
-from tests.conftest import make_kubectl
-from tests.integration.conftest import episode_manifest
+from tests.helpers import make_kubectl
 from tests.integration.gateway import hostile
-from tests.integration.gateway.conftest import GatewayServer, serve
+from tests.integration.gateway.support import GatewayServer, serve
+from tests.integration.support import episode_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=40)
     opts = parser.parse_args()
     sys.path[:0] = [str(REPO)]
-    from devstack import cluster as devcluster
+    from devstack.controlplane import cluster as devcluster
 
     state = devcluster.load_state(opts.devstack)
     if state is None:

@@ -50,10 +50,10 @@ from admissions import (
 from audit_calls import admit_one_at_a_time, calls_per_admission
 from kubernetes_asyncio import client, config
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import routes
 from devstack.hf_emulator.repos import remove_tree
-from tests.integration.conftest import OperatorProcess, make_emulator, register_placeholder_repos
+from tests.integration.support import OperatorProcess, make_emulator, register_placeholder_repos
 
 PAGE = 50  # the emulator's list page size
 PROBE_PACE = 0.2  # seconds between the timed admissions of new jobs (5/s)

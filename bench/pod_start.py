@@ -36,7 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from devstack.build import ensure_binaries
+from devstack.toolchain.build import ensure_binaries
 
 COMPONENTS = ("operator", "gateway")
 

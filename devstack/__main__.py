@@ -7,9 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from devstack import cluster, stack
-from devstack.build import BuildError, ensure_binaries
-from devstack.seccomp import GO_ARCHES
+from devstack import stack
+from devstack.controlplane import cluster
+from devstack.kind.seccomp import GO_ARCHES
+from devstack.toolchain.build import BuildError, ensure_binaries
 
 
 def _require_state(name: str) -> cluster.ClusterState:
@@ -52,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _images(names: list[str], parser: argparse.ArgumentParser) -> int:
-    from devstack import environments, images
+    from devstack.kind import environments, images
 
     known = dict(images.IMAGES)
     known.update((f"env-{n}", environments.environment_image(n)) for n in environments.environment_names())
@@ -67,7 +68,7 @@ def _images(names: list[str], parser: argparse.ArgumentParser) -> int:
 
 
 def _env_lock(names: list[str], uv: str, parser: argparse.ArgumentParser) -> int:
-    from devstack import environments
+    from devstack.kind import environments
 
     known = environments.environment_names()
     if set(names) - set(known):
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "env-lock":
             return _env_lock(args.names, args.uv, parser)
         if args.command == "image-packages":
-            from devstack import environments
+            from devstack.kind import environments
 
             if environments.write_image_packages(check=args.check):
                 return 0
@@ -139,12 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"devstack: {stale} is out of date: run make manifests", file=sys.stderr)
             return 1
         if args.command == "node-image":
-            from devstack import kind
+            from devstack.kind import cluster as kind
 
             print(kind.node_image())
             return 0
         if args.command == "seccomp-profile":
-            from devstack.seccomp import write_loopback_profile
+            from devstack.kind.seccomp import write_loopback_profile
 
             print(write_loopback_profile(args.output, args.arch))
             return 0

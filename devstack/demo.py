@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from devstack import stack
-from devstack.build import log
+from devstack.toolchain.build import log
 from posttrain_cli.main import main as posttrain
 
 REPORTS = Path("demo-reports")

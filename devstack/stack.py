@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from devstack import cluster
-from devstack.build import log
+from devstack.controlplane import cluster
 from devstack.hf_emulator.repos import remove_tree
-from devstack.paths import KUBERNETES_VERSION, bin_dir, run_root
+from devstack.operator_env import operator_env
+from devstack.toolchain.build import log
+from devstack.toolchain.paths import KUBERNETES_VERSION, bin_dir, run_root
 
 if TYPE_CHECKING:
     from graders.assets import LocalRepo
@@ -258,22 +259,18 @@ def _start_operator(
     )
     broker_port = cluster.free_port()
     gateway_user = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{GATEWAY_SA}"
-    operator_env = dict(
+    env = operator_env(
         base_env,
-        KUBECONFIG=str(sa_kubeconfig),
-        POSTTRAIN_HF_ENDPOINT=emulator_url,
-        POSTTRAIN_HF_TOKEN=hf_token,
-        POSTTRAIN_HF_NAMESPACE=HF_NAMESPACE,
-        POSTTRAIN_HF_BUCKET=BUCKET,
-        # The emulator's jail gives each job a network namespace holding lo alone.
-        POSTTRAIN_HF_JOBS_LOOPBACK="true",
+        kubeconfig=sa_kubeconfig,
+        hf_endpoint=emulator_url,
+        hf_token=hf_token,
+        hf_namespace=HF_NAMESPACE,
+        hf_bucket=BUCKET,
+        broker_port=broker_port,
+        metrics_port=cluster.free_port(),
+        broker_allowed_users=[gateway_user],
         POSTTRAIN_POLL_INTERVAL_SECONDS="2",
         POSTTRAIN_EPISODE_TICK_SECONDS="1",
-        POSTTRAIN_BROKER_HOST="127.0.0.1",
-        POSTTRAIN_BROKER_PORT=str(broker_port),
-        POSTTRAIN_BROKER_ALLOWED_USERS=json.dumps([gateway_user]),
-        POSTTRAIN_METRICS_HOST="127.0.0.1",
-        POSTTRAIN_METRICS_PORT=str(cluster.free_port()),
         POSTTRAIN_TASK_POLICY_NAME=task_policy,
     )
     pids["operator"] = _spawn(
@@ -281,7 +278,7 @@ def _start_operator(
         # Scoped to the demo namespace, so a shared cluster's other namespaces are left alone.
         [sys.executable, "-m", "kopf", "run", "--standalone", f"--namespace={DEMO_NAMESPACE}",
          "-m", "posttrain_operator.handlers"],
-        operator_env, logs,
+        env, logs,
     )  # fmt: skip
     broker_url = f"http://127.0.0.1:{broker_port}"
     _wait_http(f"{broker_url}/healthz", "the operator", pids["operator"], logs / "operator.log")

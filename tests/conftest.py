@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
+from tests.helpers import Kubectl, make_kubectl
 
 _LAYER_BY_DIR = {"unit": "unit", "integration": "integration", "e2e": "e2e"}
 
@@ -48,25 +48,6 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.ClusterState]
         yield state
     finally:
         devcluster.down(name)
-
-
-Kubectl = Callable[..., subprocess.CompletedProcess[str]]
-
-
-def make_kubectl(state: devcluster.ClusterState, kubeconfig: Path | None = None) -> Kubectl:
-    def kubectl(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [str(state.kubectl()), f"--kubeconfig={kubeconfig or state.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            input=input,
-            timeout=60,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}")
-        return proc
-
-    return kubectl
 
 
 @pytest.fixture(scope="session")

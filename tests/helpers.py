@@ -1,4 +1,4 @@
-"""Test helpers shared by every layer: polling instead of sleeping, kubectl output as JSON."""
+"""Test helpers shared by every layer: polling instead of sleeping, kubectl on the devstack cluster."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import json
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from devstack.controlplane import cluster as devcluster
 
 
 def wait_for(
@@ -25,3 +28,22 @@ def wait_for(
 
 def kubectl_json(kubectl: Callable[..., subprocess.CompletedProcess[str]], *args: str) -> Any:
     return json.loads(kubectl(*args, "-o", "json").stdout)
+
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def make_kubectl(state: devcluster.ClusterState, kubeconfig: Path | None = None) -> Kubectl:
+    def kubectl(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [str(state.kubectl()), f"--kubeconfig={kubeconfig or state.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=60,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}")
+        return proc
+
+    return kubectl

@@ -15,17 +15,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from devstack.hf_emulator.controls import EmulatorControls, apply_job_fault
 from devstack.hf_emulator.errors import ApiError
-from devstack.hf_emulator.faults import JOB_FAULTS, Fault, FaultBook
+from devstack.hf_emulator.faults import FaultBook
 from devstack.hf_emulator.http_api import EmulatorServer
 from devstack.hf_emulator.hub_api import DEFAULT_MAX_COMMIT_BYTES
 from devstack.hf_emulator.hub_repos import HubRepos
-from devstack.hf_emulator.isolation import isolation_for
 from devstack.hf_emulator.job_state import Job, request_end
 from devstack.hf_emulator.jobs import CONFIRM_SECONDS, KILL_GRACE_SECONDS, JobRunner, RunnerConfig
 from devstack.hf_emulator.records import BillingRecord, RecordedRequest, Stats
 from devstack.hf_emulator.repos import RepoStore
 from devstack.hf_emulator.validation import SpecError, parse_job_spec
+from devstack.sandbox.isolation import isolation_for
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class HfEmulator:
         self.cond = threading.Condition()
         self.stopping = False
         self._jobs: dict[str, Job] = {}
+        self.controls = EmulatorControls(self.faults, self.cond, self._jobs)
         self._runners: dict[str, JobRunner] = {}
         self._seq = itertools.count(1)
         self._stats_lock = threading.Lock()
@@ -166,50 +168,6 @@ class HfEmulator:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    # -- faults -------------------------------------------------------------------------------
-
-    def inject(self, kind: str, **kwargs: Any) -> Fault:
-        """Add a fault, e.g. `inject("http_error", route=routes.CREATE_JOB, status=500, count=1)`."""
-        return self.add_fault(Fault(kind=kind, **kwargs))
-
-    def add_fault(self, fault: Fault) -> Fault:
-        if fault.kind in JOB_FAULTS and fault.kind != "cancel_ignored":
-            # Apply to matching existing jobs first; what is left of `count` waits for new jobs.
-            with self.cond:
-                for job in sorted(self._jobs.values(), key=lambda j: j.seq):
-                    if fault.count == 0:
-                        break
-                    if job.terminal or job.vanished(time.time()):
-                        continue
-                    if fault.matches_job(job.id, job.spec.labels):
-                        self._apply_job_fault(job, fault)
-                        fault.hits += 1
-                        if fault.count is not None:
-                            fault.count -= 1
-                self.cond.notify_all()
-            if fault.count == 0:
-                return fault
-        return self.faults.add(fault)
-
-    def _apply_job_fault(self, job: Job, fault: Fault) -> None:
-        if fault.kind == "job_error":
-            # fail_after counts from the job's start: a job not started yet fails `seconds` into its run.
-            elapsed = time.time() - job.started_at if job.started_at is not None else 0.0
-            job.fail_after, job.fail_message = elapsed + fault.seconds, fault.message
-        elif fault.kind == "job_vanish":
-            job.vanish_at = time.time() + fault.seconds
-        job.wake.set()
-
-    def clear_faults(self) -> None:
-        self.faults.clear()
-
-    def release_hangs(self) -> None:
-        self.faults.release_hangs()
-
-    def wait_held(self, route: str, count: int = 1, timeout: float = 60.0) -> None:
-        """Until `count` requests of `route` (a `routes.*` key) are held by a `delay` or `hang` fault."""
-        self.faults.wait_held(route, count, timeout)
 
     # -- observation --------------------------------------------------------------------------
 
@@ -352,7 +310,7 @@ class HfEmulator:
         for kind in ("job_error", "job_vanish"):
             fault = self.faults.take_job_fault(kind, job.id, spec.labels)
             if fault is not None:
-                self._apply_job_fault(job, fault)
+                apply_job_fault(job, fault)
         runner = JobRunner(job, self.runner_config, self.repos, self.cond)
         with self.cond:
             if self.stopping:

@@ -27,7 +27,7 @@ from devstack.hf_emulator.faults import Fault
 from devstack.hf_emulator.hardware import hardware_list
 
 if TYPE_CHECKING:
-    from devstack.hf_emulator.emulator import HfEmulator
+    from devstack.hf_emulator.surface import Emulator
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class EmulatorServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], emulator: HfEmulator) -> None:
+    def __init__(self, address: tuple[str, int], emulator: Emulator) -> None:
         self.emulator = emulator
         super().__init__(address, _Handler)
 
@@ -155,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(500, f"internal emulator error: {type(exc).__name__}: {exc}")
 
     def _serve(
-        self, emu: HfEmulator, matched: routes.Match | None, query: dict[str, list[str]], body: bytes
+        self, emu: Emulator, matched: routes.Match | None, query: dict[str, list[str]], body: bytes
     ) -> None:
         try:
             if matched is None or matched.key == routes.AGENT_HARNESSES:
@@ -189,7 +189,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._error(413, message, {"X-Error-Message": message})
         return None
 
-    def _authorized(self, emu: HfEmulator) -> bool:
+    def _authorized(self, emu: Emulator) -> bool:
         """Whether the request carries the token; if not, a 401 has been sent."""
         given = self.headers.get("Authorization") or ""
         if hmac.compare_digest(given.encode(), f"Bearer {emu.token}".encode()):
@@ -204,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
 
-    def _apply_request_fault(self, emu: HfEmulator, route: str, fault: Fault) -> bool:
+    def _apply_request_fault(self, emu: Emulator, route: str, fault: Fault) -> bool:
         """Apply a request fault; False if the request has been dealt with."""
         if fault.kind in ("delay", "hang"):
             emu.faults.hold(route, fault)
@@ -247,7 +247,7 @@ def _link(handler: _Handler, query: dict[str, list[str]], cursor: str) -> str:
     return f'<{_base_url(handler)}{path}?{urlencode(params)}>; rel="next"'
 
 
-def _api(h: _Handler, emu: HfEmulator, m: routes.Match, query: dict[str, list[str]], body: bytes) -> None:
+def _api(h: _Handler, emu: Emulator, m: routes.Match, query: dict[str, list[str]], body: bytes) -> None:
     p = m.params
     if m.key == routes.WHOAMI:
         orgs = [{"name": o, "type": "org"} for o in emu.orgs]
@@ -291,7 +291,7 @@ def _api(h: _Handler, emu: HfEmulator, m: routes.Match, query: dict[str, list[st
         _serve_bucket(h, emu, m, query)
 
 
-def _serve_bucket(h: _Handler, emu: HfEmulator, m: routes.Match, query: dict[str, list[str]]) -> None:
+def _serve_bucket(h: _Handler, emu: Emulator, m: routes.Match, query: dict[str, list[str]]) -> None:
     p = m.params
     bucket_id = f"{p['namespace']}/{p['bucket']}"
     try:
@@ -342,7 +342,7 @@ def _send_file(h: _Handler, path: Path, extra_headers: dict[str, str] | None = N
             remaining -= len(chunk)
 
 
-def _admin(h: _Handler, emu: HfEmulator, path: str, query: dict[str, list[str]], body: bytes) -> None:
+def _admin(h: _Handler, emu: Emulator, path: str, query: dict[str, list[str]], body: bytes) -> None:
     """Test/benchmark endpoints: not part of the HF API, not counted, not recorded; the same token."""
     method = h.command
     try:
@@ -368,12 +368,12 @@ def _admin(h: _Handler, emu: HfEmulator, path: str, query: dict[str, list[str]],
         elif (method, path) == ("GET", "/_emulator/faults"):
             h._json(200, [f.to_wire() for f in emu.faults.active()])
         elif (method, path) == ("POST", "/_emulator/faults"):
-            h._json(200, emu.add_fault(Fault.from_wire(data)).to_wire())
+            h._json(200, emu.controls.add_fault(Fault.from_wire(data)).to_wire())
         elif (method, path) == ("DELETE", "/_emulator/faults"):
-            emu.clear_faults()
+            emu.controls.clear_faults()
             h._json(200, {})
         elif (method, path) == ("POST", "/_emulator/faults/release"):
-            emu.release_hangs()
+            emu.controls.release_hangs()
             h._json(200, {})
         elif (method, path) == ("GET", "/_emulator/billing"):
             records = emu.billing()

@@ -43,7 +43,7 @@ from devstack.hf_emulator.validation import (
 )
 
 if TYPE_CHECKING:
-    from devstack.hf_emulator.emulator import HfEmulator
+    from devstack.hf_emulator.surface import Emulator
 
 # The client packs up to 100 MB of file content into one commit and base64 makes that 4/3 larger:
 # the default leaves room for the file that crosses the client's budget.
@@ -57,7 +57,7 @@ Reply = tuple[object, dict[str, str] | None]
 
 
 def handle(
-    emu: HfEmulator,
+    emu: Emulator,
     m: routes.Match,
     query: dict[str, list[str]],
     body: bytes,
@@ -92,7 +92,7 @@ def handle(
         raise hub_error(400, str(exc)) from exc
 
 
-def resolve_file(emu: HfEmulator, m: routes.Match) -> tuple[Path, dict[str, str]]:
+def resolve_file(emu: Emulator, m: routes.Match) -> tuple[Path, dict[str, str]]:
     """A repo file at a revision, and the headers `hf_hub_download` reads: the commit it resolved to
     and the file's git blob id as its ETag (every file here is regular: see the module docstring)."""
     p = m.params
@@ -124,7 +124,7 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _check_writable(emu: HfEmulator, namespace: str, what: str) -> None:
+def _check_writable(emu: Emulator, namespace: str, what: str) -> None:
     if namespace != emu.namespace and namespace not in emu.orgs:
         raise hub_error(403, f"You don't have the rights to write {what}: {namespace} is not your namespace")
 
@@ -133,7 +133,7 @@ def _url(base_url: str, kind: str, repo_id: str) -> str:
     return f"{base_url}/{repo_id}" if kind == "model" else f"{base_url}/{kind}s/{repo_id}"
 
 
-def _create_repo(emu: HfEmulator, payload: dict[str, Any], base_url: str) -> dict[str, Any]:
+def _create_repo(emu: Emulator, payload: dict[str, Any], base_url: str) -> dict[str, Any]:
     unknown = set(payload) - _CREATE_KEYS
     if unknown:
         raise SpecError(f"the emulator does not support {', '.join(sorted(unknown))}")
@@ -199,7 +199,7 @@ def _refs(repo: HubRepo, *, include_prs: bool) -> dict[str, Any]:
 
 
 def _tree(
-    emu: HfEmulator, commit: Commit, path: str, query: dict[str, list[str]], next_link: Callable[[str], str]
+    emu: Emulator, commit: Commit, path: str, query: dict[str, list[str]], next_link: Callable[[str], str]
 ) -> Reply:
     prefix = check_repo_path(path, folder=True) + "/" if path else ""
     recursive = _flag(query, "recursive")
@@ -292,7 +292,7 @@ def _ndjson(body: bytes) -> Iterator[tuple[int, Any]]:
         yield n, line
 
 
-def _commit(emu: HfEmulator, repo: HubRepo, branch: str, body: bytes, base_url: str) -> dict[str, Any]:
+def _commit(emu: Emulator, repo: HubRepo, branch: str, body: bytes, base_url: str) -> dict[str, Any]:
     lines = _ndjson(body)
     first = next(lines, None)
     header = first[1].get("value") if first is not None and first[1].get("key") == "header" else None
@@ -308,7 +308,7 @@ def _commit(emu: HfEmulator, repo: HubRepo, branch: str, body: bytes, base_url: 
     return {"success": True, "commitOid": commit.oid, "commitUrl": url, "hookOutput": ""}
 
 
-def _tag(emu: HfEmulator, repo: HubRepo, revision: str, payload: dict[str, Any]) -> dict[str, Any]:
+def _tag(emu: Emulator, repo: HubRepo, revision: str, payload: dict[str, Any]) -> dict[str, Any]:
     tag = check_ref_name(payload.get("tag"), "tag")
     if not isinstance(payload.get("message", ""), str):
         raise SpecError("message must be a string")

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from devstack.hf_emulator.cgroups import JobCgroup
 from devstack.hf_emulator.hardware import FLAVORS
 from devstack.hf_emulator.validation import JobSpec
+from devstack.sandbox.cgroups import JobCgroup
 
 TERMINAL_STAGES = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
 

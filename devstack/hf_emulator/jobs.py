@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import IO
 
 from devstack.hf_emulator.hardware import FLAVORS
-from devstack.hf_emulator.isolation import JAIL_SCRIPT, JOB_UID, Isolation, JobLimits
 from devstack.hf_emulator.job_state import Job, LogLine, iso_z
 from devstack.hf_emulator.repos import RepoNotFound, RepoStore
-from devstack.hf_emulator.trees import UnsafeTree, check_publishable, copy_regular_file, make_read_only
 from devstack.hf_emulator.validation import VolumeSpec
+from devstack.sandbox.isolation import JAIL_SCRIPT, JOB_UID, Isolation, JobLimits
+from devstack.sandbox.trees import UnsafeTree, check_publishable, copy_regular_file, make_read_only
 
 MAX_LOG_LINES = 200_000
 KILL_GRACE_SECONDS = 3.0

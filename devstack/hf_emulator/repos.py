@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from devstack.hf_emulator.trees import make_read_only, make_writable, remove_tree
+from devstack.sandbox.trees import make_read_only, make_writable, remove_tree
 
 __all__ = ["REPO_KINDS", "RepoNotFound", "RepoStore", "make_read_only", "remove_tree"]
 

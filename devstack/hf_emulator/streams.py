@@ -10,7 +10,7 @@ from devstack.hf_emulator import records
 from devstack.hf_emulator.errors import ApiError
 
 if TYPE_CHECKING:
-    from devstack.hf_emulator.emulator import HfEmulator
+    from devstack.hf_emulator.surface import Emulator
 
 
 class SseWriter(Protocol):
@@ -24,7 +24,7 @@ class SseWriter(Protocol):
 
 
 def stream_logs(
-    h: SseWriter, emu: HfEmulator, namespace: str, job_id: str, query: dict[str, list[str]]
+    h: SseWriter, emu: Emulator, namespace: str, job_id: str, query: dict[str, list[str]]
 ) -> None:
     with emu.cond:
         job = emu.visible_job(namespace, job_id)
@@ -57,7 +57,7 @@ def stream_logs(
     h.end_chunks()
 
 
-def stream_metrics(h: SseWriter, emu: HfEmulator, namespace: str, job_id: str) -> None:
+def stream_metrics(h: SseWriter, emu: Emulator, namespace: str, job_id: str) -> None:
     with emu.cond:
         job = emu.visible_job(namespace, job_id)
         if job.terminal:

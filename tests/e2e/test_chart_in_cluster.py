@@ -17,7 +17,7 @@ from posttrain_operator.backends.hf_jobs import KEY_LABEL
 from posttrain_operator.backends.hf_replies import label_value
 
 from devstack.hf_emulator import HfEmulator
-from tests.e2e.conftest import (
+from tests.e2e.support import (
     GATEWAY_DEPLOYMENT,
     GATEWAY_SERVICE,
     NAMESPACE,

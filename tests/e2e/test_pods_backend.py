@@ -15,10 +15,10 @@ import pytest
 from posttrain_operator.api.rules import parse_time
 from posttrain_operator.ledger import billed_seconds, cost_for, reservation_for
 
-from devstack import seccomp
+from devstack.kind import seccomp
 from graders.tasks import get_task
 from tests.checkpoint_jobs import BIG_CHECKPOINT, RESUMED
-from tests.e2e.conftest import (
+from tests.e2e.support import (
     GATEWAY_SERVICE,
     HOLD_LABEL,
     JOB_RUNTIMES,

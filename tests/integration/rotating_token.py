@@ -10,9 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from devstack import cluster as devcluster
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
+from devstack.controlplane import cluster as devcluster
+from tests.helpers import Kubectl, wait_for
 
 
 class RotatingToken:

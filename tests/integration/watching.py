@@ -8,9 +8,8 @@ import subprocess
 import threading
 from typing import Any
 
-from devstack import cluster as devcluster
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json, wait_for
+from devstack.controlplane import cluster as devcluster
+from tests.helpers import Kubectl, kubectl_json, wait_for
 
 
 class ObjectWatch:

@@ -10,11 +10,10 @@ from pathlib import Path
 
 from posttrain_operator.api.rules import token_hash
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from posttrain_cli.report import PHASE_COLORS, SPEND_COLOR
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, wait_for
+from tests.integration.support import (
     OperatorProcess,
     agentjob_manifest,
     apply,

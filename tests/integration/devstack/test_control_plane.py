@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devstack import cluster as devcluster
-from tests.conftest import Kubectl, make_kubectl
-from tests.helpers import kubectl_json, wait_for
+from devstack.controlplane import cluster as devcluster
+from tests.helpers import Kubectl, kubectl_json, make_kubectl, wait_for
 
 
 def _widget_crd(group: str) -> dict[str, object]:

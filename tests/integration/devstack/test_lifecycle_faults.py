@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from devstack import build
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
+from devstack.toolchain import build
 from tests.helpers import wait_for
 
 

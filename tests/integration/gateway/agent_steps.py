@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.gateway.conftest import Orchestrator
+from tests.integration.gateway.support import Orchestrator
 
 
 def result(step: dict[str, Any]) -> dict[str, Any]:

@@ -19,9 +19,8 @@ import httpx
 import pytest
 
 from tests.chat_replay import API_KEY, ChatReplay
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json
-from tests.integration.gateway.conftest import GatewayServer
+from tests.helpers import Kubectl, kubectl_json
+from tests.integration.gateway.support import GatewayServer
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"

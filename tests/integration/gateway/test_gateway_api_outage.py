@@ -32,13 +32,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from env_gateway.config import GatewaySettings
 from env_gateway.wire import JSONRPC_UNAVAILABLE, UNAVAILABLE_CODE
-from tests.conftest import Kubectl, make_kubectl
-from tests.helpers import kubectl_json
-from tests.integration.conftest import REPO, apply, episode_manifest, install_crds
-from tests.integration.gateway.conftest import serve
+from tests.helpers import Kubectl, kubectl_json, make_kubectl
+from tests.integration.gateway.support import serve
+from tests.integration.support import REPO, apply, episode_manifest, install_crds
 
 EPISODE = "outage"
 NAMESPACE = "agents"

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
-from tests.conftest import Kubectl
-from tests.integration.conftest import (
+from tests.helpers import Kubectl
+from tests.integration.gateway.agent_steps import result
+from tests.integration.gateway.support import GatewayServer, gateway_beside, orchestrator, snapshot
+from tests.integration.support import (
     OperatorProcess,
     agentjob_manifest,
     apply,
@@ -22,8 +24,6 @@ from tests.integration.conftest import (
     running_operator,
     wait_phase,
 )
-from tests.integration.gateway.agent_steps import result
-from tests.integration.gateway.conftest import GatewayServer, gateway_beside, orchestrator, snapshot
 
 TASK = "t0_arithmetic_format_trl"
 IMAGE = "registry.example/posttrain-env-trl:test"

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from env_gateway.tools import TOOLS
-from tests.conftest import Kubectl
-from tests.integration.gateway.conftest import GatewayServer, new_episode, snapshot
+from tests.helpers import Kubectl
 from tests.integration.gateway.hostile import valid_tool_call
+from tests.integration.gateway.support import GatewayServer, new_episode, snapshot
 
 json_values = st.recursive(
     st.none()

@@ -20,15 +20,15 @@ import httpx
 import pytest
 import websockets
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from env_gateway.config import GatewaySettings
 from env_gateway.http_mcp import UNAUTHENTICATED_BODY_BYTES
 from env_gateway.tools import TOOLS
-from tests.conftest import Kubectl
-from tests.integration.conftest import episode_manifest, get
+from tests.helpers import Kubectl
 from tests.integration.gateway import hostile
-from tests.integration.gateway.conftest import GatewayServer, serve, snapshot
 from tests.integration.gateway.hostile import ANSWER_WITHIN, deep, rpc, sdk_client, sdk_session
+from tests.integration.gateway.support import GatewayServer, serve, snapshot
+from tests.integration.support import episode_manifest, get
 
 SEED = 19
 PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}

@@ -5,10 +5,10 @@ with its reason, and nothing is created."""
 
 from __future__ import annotations
 
-from tests.conftest import Kubectl
-from tests.integration.conftest import REPO, get
+from tests.helpers import Kubectl
 from tests.integration.gateway.agent_steps import finished, result
-from tests.integration.gateway.conftest import GatewayServer, orchestrator, snapshot
+from tests.integration.gateway.support import GatewayServer, orchestrator, snapshot
+from tests.integration.support import REPO, get
 
 # The first job leaves a draft of the answer; the second reads it, finds its input read-only, and
 # publishes the answer (the draft's keys, as the solution computes them).

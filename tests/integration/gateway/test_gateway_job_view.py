@@ -9,9 +9,9 @@ from typing import Any
 
 from posttrain_operator.api.rules import EPISODE_LABEL, FINALIZER
 
-from tests.conftest import Kubectl
-from tests.integration.conftest import get
-from tests.integration.gateway.conftest import GatewayServer, orchestrator
+from tests.helpers import Kubectl
+from tests.integration.gateway.support import GatewayServer, orchestrator
+from tests.integration.support import get
 
 
 def result(step: dict[str, Any]) -> dict[str, Any]:

@@ -10,9 +10,9 @@ import httpx
 import pytest
 import websockets
 
-from tests.conftest import Kubectl
-from tests.integration.conftest import get
-from tests.integration.gateway.conftest import GatewayServer, orchestrator
+from tests.helpers import Kubectl
+from tests.integration.gateway.support import GatewayServer, orchestrator
+from tests.integration.support import get
 
 
 def rpc(

@@ -10,7 +10,7 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.integration.gateway.conftest import GatewayServer, orchestrator
+from tests.integration.gateway.support import GatewayServer, orchestrator
 
 # The MCP SDK's own default: 30 s to connect or write, 300 s to read an answer.
 SDK_DEFAULT_TIMEOUT = httpx2.Timeout(30, read=300)

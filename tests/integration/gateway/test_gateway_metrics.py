@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.gateway.conftest import GatewayServer, orchestrator
+from tests.integration.gateway.support import GatewayServer, orchestrator
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 REASON_OF = {"step_limit_reached": "step_limit", "episode_done": "episode_done"}

@@ -16,14 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from env_gateway.cache import wait_until
 from env_gateway.config import GatewaySettings
 from env_gateway.kube import Kube, make_api_client
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
-from tests.integration.conftest import agentjob_manifest, apply, episode_manifest
-from tests.integration.gateway.conftest import serve
+from tests.helpers import Kubectl, wait_for
+from tests.integration.gateway.support import serve
+from tests.integration.support import agentjob_manifest, apply, episode_manifest
 
 EPISODE = "mirrored"
 PHASES = ["Pending", "Admitted", "Running", "Succeeded"]

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from tests.integration.gateway.agent_steps import finished, result
-from tests.integration.gateway.conftest import GatewayServer, Orchestrator, orchestrator
-from tests.integration.launcher.conftest import job_script
+from tests.integration.gateway.support import GatewayServer, Orchestrator, orchestrator
+from tests.integration.launcher.support import job_script
 from tests.integration.launcher.test_launcher_loopback import Canary, _host_addresses
 
 

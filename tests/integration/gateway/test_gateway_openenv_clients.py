@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.gateway.client_venvs import client_venv
-from tests.integration.gateway.conftest import GatewayServer
+from tests.integration.gateway.support import GatewayServer
 from tests.integration.operator.test_full_episode import ARTIFACT_SCRIPT
 
 HERE = Path(__file__).parent

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.integration.gateway.agent_steps import finished, result
-from tests.integration.gateway.conftest import GatewayServer, orchestrator
+from tests.integration.gateway.support import GatewayServer, orchestrator
 
 # 50 MiB of numbered lines, then a last one; a metrics file, a file past the read cap, a binary file.
 WRITER = """

@@ -9,10 +9,10 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from tests.conftest import Kubectl
-from tests.integration.conftest import get
+from tests.helpers import Kubectl
 from tests.integration.gateway.agent_steps import finished, result
-from tests.integration.gateway.conftest import GatewayServer, orchestrator
+from tests.integration.gateway.support import GatewayServer, orchestrator
+from tests.integration.support import get
 
 EPISODES = 8
 MAX_STEPS = 8

@@ -8,11 +8,11 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from devstack import cluster as devcluster
-from tests.conftest import Kubectl
-from tests.integration.conftest import OperatorProcess, get
-from tests.integration.gateway.conftest import GatewayServer, _settings, orchestrator, serve
+from devstack.controlplane import cluster as devcluster
+from tests.helpers import Kubectl
+from tests.integration.gateway.support import GatewayServer, gateway_settings, orchestrator, serve
 from tests.integration.rotating_token import cluster_admin_with_rotating_token
+from tests.integration.support import OperatorProcess, get
 
 
 def result(step: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +31,7 @@ async def test_the_gateway_rereads_a_rotated_token_and_works_after_the_old_one_e
 ) -> None:
     with cluster_admin_with_rotating_token(cluster, kubectl, namespace, "rotating-gateway", tmp_path) as sa:
         orchestrator_token = secrets.token_urlsafe(24)
-        settings = _settings(namespace, operator, gateway_sa_token, cluster, orchestrator_token)
+        settings = gateway_settings(namespace, operator, gateway_sa_token, cluster, orchestrator_token)
         for url in serve(settings.model_copy(update={"kubeconfig": str(sa.kubeconfig)})):
             gw = GatewayServer(url, orchestrator_token, namespace)
             async with orchestrator(gw) as orch:

@@ -14,9 +14,8 @@ import pytest
 
 from devstack.hf_emulator import HfEmulator
 from graders import tasks
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json
-from tests.integration.gateway.conftest import GatewayServer
+from tests.helpers import Kubectl, kubectl_json
+from tests.integration.gateway.support import GatewayServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 import scripted_sft_agent

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from devstack import cluster as devcluster
-from tests.integration.conftest import OperatorProcess
-from tests.integration.gateway.conftest import gateway_beside
+from devstack.controlplane import cluster as devcluster
+from tests.integration.gateway.support import gateway_beside
+from tests.integration.support import OperatorProcess
 from tests.unit.helm.chart import FULL, HF_VALUES, one, render
 
 

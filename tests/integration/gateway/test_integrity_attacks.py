@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json, wait_for
-from tests.integration.gateway.conftest import GatewayServer
+from tests.helpers import Kubectl, kubectl_json, wait_for
+from tests.integration.gateway.support import GatewayServer
 from tests.package_index import build_wheel, serve_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json
-from tests.integration.gateway.conftest import GatewayServer, orchestrator
+from tests.helpers import Kubectl, kubectl_json
+from tests.integration.gateway.support import GatewayServer, orchestrator
 from tests.integration.gateway.test_gateway_metrics import error_code
 
 

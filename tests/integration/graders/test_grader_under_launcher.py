@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from posttrain_launcher import JobSpec, launcher_command, launcher_env
-from posttrain_launcher.host import job_interpreter
 
 from graders.assets import materialize_assets
 from graders.result import GraderResult, read_result
@@ -31,16 +30,6 @@ ARTIFACT = get_task("t0_artifact")
 @pytest.fixture(scope="module")
 def repos() -> dict[RepoRef, Path]:
     return {repo.ref: repo.path for repo in materialize_assets()}
-
-
-@pytest.fixture(scope="module")
-def job_python() -> Iterator[str]:
-    workdir = tempfile.mkdtemp(prefix="posttrain-grader-tests-")
-    os.chmod(workdir, 0o755)
-    try:
-        yield job_interpreter(workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture

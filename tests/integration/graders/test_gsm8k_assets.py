@@ -20,7 +20,7 @@ from huggingface_hub import HfApi
 
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
-from tests.integration.conftest import HF_NAMESPACE, HF_TOKEN, REPO, make_emulator
+from tests.integration.support import HF_NAMESPACE, HF_TOKEN, REPO, make_emulator
 
 pyarrow = pytest.importorskip("pyarrow")
 import pyarrow.parquet as parquet  # noqa: E402

@@ -15,15 +15,14 @@ from posttrain_operator.api import provenance
 from posttrain_operator.api.models import ProvenanceSummary
 from posttrain_operator.backends.hf_replies import label_value
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from env_gateway.provenance import tool_call
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
-from tests.integration.conftest import agentjob_manifest, apply, episode_manifest, get, wait_phase
-from tests.integration.gateway.conftest import GatewayServer, Orchestrator, orchestrator
-from tests.integration.helm.conftest import ChartOperator, Release
+from tests.helpers import Kubectl, wait_for
+from tests.integration.gateway.support import GatewayServer, Orchestrator, orchestrator
+from tests.integration.helm.support import ChartOperator, Release
 from tests.integration.operator.test_full_episode import ARTIFACT_SCRIPT
+from tests.integration.support import agentjob_manifest, apply, episode_manifest, get, wait_phase
 
 SLEEPER = "import time\ntime.sleep(600)\n"
 # An agent job trying to append to its Episode's provenance: with whatever credential it can find, at

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devstack import cluster as devcluster
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json
-from tests.integration.conftest import REPO, apply, episode_manifest, get
-from tests.integration.helm.conftest import CHART, ChartOperator, Release, helm
+from devstack.controlplane import cluster as devcluster
+from tests.helpers import Kubectl, kubectl_json
+from tests.integration.helm.support import CHART, ChartOperator, Release, helm
+from tests.integration.support import REPO, apply, episode_manifest, get
 
 CRD = "episodes.posttrain.dev"
 COLUMN = "Upgraded"

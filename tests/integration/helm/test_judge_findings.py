@@ -10,9 +10,9 @@ import json
 import subprocess
 from typing import Any
 
-from tests.conftest import Kubectl
-from tests.integration.conftest import apply, episode_manifest, get, wait_phase
-from tests.integration.helm.conftest import ChartOperator, Release
+from tests.helpers import Kubectl
+from tests.integration.helm.support import ChartOperator, Release
+from tests.integration.support import apply, episode_manifest, get, wait_phase
 
 
 def _finding(name: str, episode: str, **spec: Any) -> str:

@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json, wait_for
-from tests.integration.conftest import episode_manifest
-from tests.integration.helm.conftest import ChartOperator, Release
+from tests.helpers import Kubectl, kubectl_json, wait_for
+from tests.integration.helm.support import ChartOperator, Release
 from tests.integration.helm.test_chart_rbac import can_i
+from tests.integration.support import episode_manifest
 
 QUOTA = {
     "apiVersion": "posttrain.dev/v1alpha1",

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from graders.tasks import task_names
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json, wait_for
-from tests.integration.conftest import episode_manifest
-from tests.integration.gateway.conftest import GatewayServer, orchestrator
-from tests.integration.helm.conftest import ChartOperator, Release
+from tests.helpers import Kubectl, kubectl_json, wait_for
+from tests.integration.gateway.support import GatewayServer, orchestrator
+from tests.integration.helm.support import ChartOperator, Release
 from tests.integration.helm.test_chart_rbac import tool, wait_job
+from tests.integration.support import episode_manifest
 
 PLUGIN_TASK = "t1_linear_map"
 SOLUTION = (Path(__file__).resolve().parents[3] / "examples" / "linear-map-task" / "solution.py").read_text()

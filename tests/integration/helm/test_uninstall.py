@@ -9,12 +9,11 @@ from pathlib import Path
 
 import yaml
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
-from tests.conftest import Kubectl, make_kubectl
-from tests.helpers import wait_for
-from tests.integration.conftest import agentjob_manifest, apply, episode_manifest, wait_phase
-from tests.integration.helm.conftest import ChartOperator, Release, helm
+from tests.helpers import Kubectl, make_kubectl, wait_for
+from tests.integration.helm.support import ChartOperator, Release, helm
+from tests.integration.support import agentjob_manifest, apply, episode_manifest, wait_phase
 
 SLEEPER = "import time\ntime.sleep(600)\n"
 

@@ -20,26 +20,13 @@ if "HF_HOME" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["HF_HOME"], True)
 os.environ.pop("HF_HUB_OFFLINE", None)
 
-import httpx2
 import pytest
 from huggingface_hub import HfApi, set_client_factory
 from huggingface_hub.utils import _http
 
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
-
-CLIENT_TIMEOUT = 10.0
-
-
-def install_client_timeout(seconds: float) -> None:
-    """The client has no HTTP timeout by default (docs/hf-jobs-api.md, "The client"): install one."""
-    set_client_factory(
-        lambda: httpx2.Client(
-            event_hooks={"request": [_http.hf_request_event_hook]},
-            follow_redirects=True,
-            timeout=httpx2.Timeout(seconds),
-        )
-    )
+from tests.integration.hf_emulator.support import CLIENT_TIMEOUT, install_client_timeout
 
 
 @pytest.fixture(autouse=True)
@@ -58,20 +45,6 @@ def data_dir() -> Iterator[Path]:
     path.chmod(0o711)
     yield path
     remove_tree(path)
-
-
-@pytest.fixture(scope="session")
-def job_python() -> Iterator[str]:
-    """An interpreter uid 10000 can run: as root, the launcher drops to that uid and execs the job
-    with its own interpreter; `job_interpreter` builds one if this one is not."""
-    from posttrain_launcher.host import job_interpreter
-
-    workdir = Path(tempfile.mkdtemp(prefix="hf-emulator-python-"))
-    workdir.chmod(0o755)
-    try:
-        yield job_interpreter(str(workdir))
-    finally:
-        remove_tree(workdir)
 
 
 @pytest.fixture

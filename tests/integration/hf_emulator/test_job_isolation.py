@@ -23,13 +23,13 @@ import pytest
 from huggingface_hub import HfApi, HfFileSystem, Volume
 
 from devstack.hf_emulator import HfEmulator
-from devstack.hf_emulator.isolation import python_binds
 from devstack.hf_emulator.repos import remove_tree
+from devstack.sandbox.isolation import python_binds
 from graders.assets.datasets import write_dataset_repo
 from graders.tasks import get_task
 from tests.helpers import wait_for
 from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB, RESERVE_TWICE_THE_MEMORY
-from tests.integration.launcher.conftest import fill
+from tests.integration.launcher.support import fill
 
 from .test_jobs_api import IMAGE, host_pids_with, sleeper, wait_for_processes, wait_terminal
 

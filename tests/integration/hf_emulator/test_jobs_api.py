@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from huggingface_hub.errors import BadRequestError, HfHubHTTPError, JobNotFoundE
 
 from devstack.hf_emulator import FLAVORS, HfEmulator, routes
 from devstack.hf_emulator.records import REDACTED_TOKEN
+from tests.helpers import wait_for
 
 IMAGE = "ghcr.io/example/launcher:1"
 TERMINAL = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
@@ -40,13 +40,12 @@ def wait_terminal(api: HfApi, emulator: HfEmulator, job_id: str, timeout: float 
 
 
 def wait_terminal_in(api: HfApi, namespace: str, job_id: str, timeout: float = 120) -> JobInfo:
-    deadline = time.monotonic() + timeout
-    while True:
+    def terminal() -> JobInfo | None:
         info = api.inspect_job(job_id=job_id, namespace=namespace)
-        if info.status.stage in TERMINAL:
-            return info
-        assert time.monotonic() < deadline, f"job {job_id} still {info.status.stage}"
-        time.sleep(0.1)
+        return info if info.status.stage in TERMINAL else None
+
+    info: JobInfo = wait_for(terminal, timeout, interval=0.1, what=f"job {job_id} to end")
+    return info
 
 
 def wait_running(api: HfApi, emulator: HfEmulator, job_id: str) -> JobInfo:
@@ -205,10 +204,9 @@ def sleeper(marker: str) -> str:
 
 
 def wait_for_processes(marker: str, timeout: float = 120) -> set[int]:
-    deadline = time.monotonic() + timeout
-    while not (pids := host_pids_with(marker)):
-        assert time.monotonic() < deadline, f"no process with {marker!r} ever ran"
-        time.sleep(0.05)
+    pids: set[int] = wait_for(
+        lambda: host_pids_with(marker), timeout, interval=0.05, what=f"a process with {marker!r}"
+    )
     return pids
 
 
@@ -593,12 +591,15 @@ def test_cli_serves_until_terminated_with_its_token_from_a_file(data_dir: Path, 
 
 
 def wait_for_lines(path: Path, count: int, proc: Any, timeout: float = 120) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while len(lines := path.read_text(errors="replace").splitlines()) < count:
+    def printed() -> list[str] | None:
+        lines = path.read_text(errors="replace").splitlines()
+        if len(lines) >= count:
+            return lines[:count]
         assert proc.poll() is None, path.read_text(errors="replace")
-        assert time.monotonic() < deadline, f"fewer than {count} lines printed: {lines}"
-        time.sleep(0.1)
-    return lines[:count]
+        return None
+
+    lines: list[str] = wait_for(printed, timeout, interval=0.1, what=f"{count} lines printed to {path}")
+    return lines
 
 
 def emulator_namespace(line: str) -> str:

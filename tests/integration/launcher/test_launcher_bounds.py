@@ -9,7 +9,7 @@ from posttrain_launcher.bounds import PROCESSES_PER_CPU
 
 from tests.integration.hostile_jobs import RESERVE_TWICE_THE_MEMORY
 
-from .conftest import Launch, fill, requires_root
+from .support import Launch, fill, requires_root
 
 pytestmark = requires_root
 

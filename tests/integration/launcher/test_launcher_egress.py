@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Launch, requires_root
+from .support import Launch, requires_root
 
 pytestmark = requires_root
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from posttrain_launcher import Limits
 
-from .conftest import job_script, launch_job, make_job_root, requires_root
+from .support import job_script, launch_job, make_job_root, requires_root
 
 pytestmark = requires_root
 

@@ -7,13 +7,14 @@ import os
 import signal
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from posttrain_launcher import JobSpec, Limits, launcher_command, launcher_env
 
-from .conftest import FLAVOR_ENV, Launch, job_script, requires_root
+from tests.helpers import wait_for
+
+from .support import FLAVOR_ENV, Launch, job_script, requires_root
 
 pytestmark = requires_root
 
@@ -255,10 +256,7 @@ def test_a_job_that_leaves_a_process_behind_does_not_hang_the_launcher(launch: L
     job = launch(script, timeout=60)
     assert job.returncode == 0, job.stderr
     pid = int((job.output_dir / "pid").read_text())
-    deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid)
+    wait_for(lambda: not _alive(pid), timeout=10, interval=0.05, what=f"the left-behind process {pid} to end")
 
 
 def _alive(pid: int) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import AS_POD, LOOPBACK_ONLY, Launch, fill, job_script, requires_root
+from .support import AS_POD, LOOPBACK_ONLY, Launch, fill, job_script, requires_root
 
 pytestmark = requires_root
 

@@ -10,11 +10,10 @@ from typing import Any
 import yaml
 from posttrain_operator.backends.hf_jobs import KEY_LABEL
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator, routes
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json, wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, kubectl_json, wait_for
+from tests.integration.support import (
     OperatorProcess,
     agentjob_manifest,
     apply,
@@ -100,13 +99,13 @@ def test_sigkill_during_submissions_never_submits_twice(
         for round_ in range(kills):
             # The round's first job creation is held by the emulator (received, not yet processed):
             # the kill lands while a submission is in flight by construction, not by timing.
-            emulator.inject("hang", route=routes.CREATE_JOB, count=1, seconds=600)
+            emulator.controls.inject("hang", route=routes.CREATE_JOB, count=1, seconds=600)
             batch = [
                 agentjob_manifest(f"r{round_:02d}-{i}", "ep1", timeoutSeconds=60) for i in range(per_round)
             ]
             operator.wait_ready()
             kubectl("-n", namespace, "create", "-f", "-", input=yaml.safe_dump_all(batch))
-            emulator.wait_held(routes.CREATE_JOB, timeout=120)
+            emulator.controls.wait_held(routes.CREATE_JOB, timeout=120)
             operator.kill()
             operator.start()
             # The new process finds the key but no job, and waits instead of submitting again...
@@ -116,7 +115,7 @@ def test_sigkill_during_submissions_never_submits_twice(
                 what="the restarted operator to wait out the submission in flight",
             )
             # ...then the held request is processed, and the new process adopts the job it created.
-            emulator.release_hangs()
+            emulator.controls.release_hangs()
 
         total = kills * per_round
         jobs = wait_for(

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json
-from tests.integration.conftest import episode_manifest
+from tests.helpers import Kubectl, kubectl_json
+from tests.integration.support import episode_manifest
 
 
 def _condition(type_: str, status: str = "True", when: str = "2026-01-02T03:04:05Z") -> dict[str, Any]:

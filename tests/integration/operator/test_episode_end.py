@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from devstack.hf_emulator import HfEmulator
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, wait_for
+from tests.integration.support import (
     OperatorProcess,
     agentjob_manifest,
     apply,
@@ -95,7 +94,7 @@ def test_unconfirmed_cancel_orphans_blocks_and_is_collected(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
 ) -> None:
     backend_id = _start_with_running_job(kubectl, namespace, emulator, maxSteps=1)
-    emulator.inject("cancel_ignored", job_id=backend_id, count=None)
+    emulator.controls.inject("cancel_ignored", job_id=backend_id, count=None)
     _count_steps(kubectl, namespace, 1)
 
     job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Orphaned"})
@@ -127,7 +126,7 @@ def test_unconfirmed_cancel_orphans_blocks_and_is_collected(
     )
     assert blocked_ep["status"]["phase"] == "Pending"
 
-    emulator.clear_faults()
+    emulator.controls.clear_faults()
     wait_phase(kubectl, namespace, "agentjob", "job1", {"Cancelled"}, timeout=60)
     assert emulator.job(backend_id)["status"]["stage"] == "CANCELED"
     cleared = wait_for(
@@ -144,7 +143,7 @@ def test_an_orphan_deleted_unsettled_is_cancelled_by_its_recorded_id_and_settled
     """A user removes the operator's finalizer from an orphaned job and deletes it (the operator is down
     meanwhile, so it cannot put its finalizer back first): the orphan is still collected."""
     backend_id = _start_with_running_job(kubectl, namespace, emulator, maxSteps=1)
-    emulator.inject("cancel_ignored", job_id=backend_id, count=None)
+    emulator.controls.inject("cancel_ignored", job_id=backend_id, count=None)
     _count_steps(kubectl, namespace, 1)
     reserved = wait_phase(kubectl, namespace, "agentjob", "job1", {"Orphaned"})["status"]["reservedMicroUSD"]
     wait_for(lambda: get(kubectl, namespace, "episode", "ep1")["status"].get("orphanedJobs"))
@@ -154,7 +153,7 @@ def test_an_orphan_deleted_unsettled_is_cancelled_by_its_recorded_id_and_settled
             "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]')  # fmt: skip
     kubectl("-n", namespace, "delete", "agentjob", "job1", "--wait=true", "--timeout=30s")
     operator.start().wait_ready()
-    emulator.clear_faults()
+    emulator.controls.clear_faults()
 
     cleared = wait_for(
         lambda: not (e := get(kubectl, namespace, "episode", "ep1"))["status"].get("orphanedJobs") and e,

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from tests.checkpoint_jobs import BIG_CHECKPOINT, OPTIMIZER_STATE, RESUMED
-from tests.conftest import Kubectl
-from tests.integration.conftest import (
+from tests.helpers import Kubectl
+from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB, NESTED_ANSWER
+from tests.integration.support import (
     REPO,
     OperatorProcess,
     agentjob_manifest,
@@ -22,7 +23,6 @@ from tests.integration.conftest import (
     running_operator,
     wait_phase,
 )
-from tests.integration.hostile_jobs import FORK_BOMB, MEMORY_BOMB, NESTED_ANSWER
 
 # The example solution the scripted agent submits.
 ARTIFACT_SCRIPT = (REPO / "examples" / "t0_artifact_solution.py").read_text()

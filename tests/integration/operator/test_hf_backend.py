@@ -19,9 +19,8 @@ from posttrain_operator.backends.hf_jobs import KEY_LABEL, HfJobsBackend, HfJobs
 
 from devstack.hf_emulator import HfEmulator, routes
 from devstack.hf_emulator.repos import remove_tree
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, wait_for
+from tests.integration.support import (
     BUCKET,
     HF_NAMESPACE,
     HF_TOKEN,
@@ -92,12 +91,12 @@ async def test_price_lookup_is_cached_and_unknown_flavors_are_clear(
 async def test_callers_queued_behind_a_failing_price_lookup_share_its_retries(
     backend: HfJobsBackend, backend_emulator: HfEmulator
 ) -> None:
-    backend_emulator.inject("http_error", route=routes.HARDWARE, status=503, count=None)
+    backend_emulator.controls.inject("http_error", route=routes.HARDWARE, status=503, count=None)
     outcomes = await asyncio.gather(*(backend.price("cpu-basic") for _ in range(3)), return_exceptions=True)
     assert all(isinstance(o, BackendError) and o.transient for o in outcomes), outcomes
     # One lookup's retries, not one per caller (each would multiply a dead backend's wait).
     assert backend_emulator.request_count(routes.HARDWARE) == backend.config.max_attempts
-    backend_emulator.clear_faults()
+    backend_emulator.controls.clear_faults()
     assert await backend.price("cpu-basic") == 167  # a later call asks again
 
 
@@ -147,7 +146,7 @@ async def test_the_exit_code_is_the_one_the_platform_reports(
     assert (ok.stage, ok.exit_code) == ("succeeded", 0)
     assert (three.stage, three.exit_code) == ("failed", 3), three.message
 
-    backend_emulator.inject("job_error", count=1, message="node lost (injected)")
+    backend_emulator.controls.inject("job_error", count=1, message="node lost (injected)")
     lost = await backend.submit(_request("k-exit-none", script="import time; time.sleep(30)"))
     backend_emulator.wait_for_stage(lost.backend_job_id, ("ERROR",), timeout=60)
     status = (await backend.status_many([lost]))[lost.backend_job_id]
@@ -269,8 +268,8 @@ async def test_rate_limits_and_server_errors_are_retried(
     backend: HfJobsBackend, backend_emulator: HfEmulator
 ) -> None:
     handle = await backend.submit(_request("k-retry"))
-    backend_emulator.inject("rate_limit", route=routes.LIST_JOBS, seconds=0, count=2)
-    backend_emulator.inject("http_error", route=routes.INSPECT_JOB, status=503, count=1)
+    backend_emulator.controls.inject("rate_limit", route=routes.LIST_JOBS, seconds=0, count=2)
+    backend_emulator.controls.inject("http_error", route=routes.INSPECT_JOB, status=503, count=1)
     await backend.status_many([handle])
     assert backend_emulator.request_count(routes.LIST_JOBS) == 3
 
@@ -278,7 +277,7 @@ async def test_rate_limits_and_server_errors_are_retried(
 async def test_a_failed_submission_is_not_retried_blindly(
     backend: HfJobsBackend, backend_emulator: HfEmulator
 ) -> None:
-    backend_emulator.inject("http_error", route=routes.CREATE_JOB, status=500, count=1)
+    backend_emulator.controls.inject("http_error", route=routes.CREATE_JOB, status=500, count=1)
     with pytest.raises(BackendError) as failure:
         await backend.submit(_request("k-500"))
     assert failure.value.transient
@@ -290,7 +289,7 @@ async def test_cancel_is_confirmed_only_by_an_inspected_terminal_stage(
 ) -> None:
     handle = await backend.submit(_request("k-cancel", script="import time; time.sleep(60)"))
     backend_emulator.wait_for_stage(handle.backend_job_id, ("RUNNING",))
-    backend_emulator.inject("cancel_ignored", job_id=handle.backend_job_id, count=1)
+    backend_emulator.controls.inject("cancel_ignored", job_id=handle.backend_job_id, count=1)
     assert await backend.cancel(handle) is False
     assert await backend.cancel(handle) is True
     assert await backend.cancel(handle) is True  # idempotent: already gone
@@ -309,7 +308,7 @@ def _one_job(kubectl: Kubectl, namespace: str, **spec: object) -> dict:
 def test_operator_retries_a_failed_create_without_submitting_twice(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
 ) -> None:
-    emulator.inject("http_error", route=routes.CREATE_JOB, status=502, count=1)
+    emulator.controls.inject("http_error", route=routes.CREATE_JOB, status=502, count=1)
     job = _one_job(kubectl, namespace)
     assert job["status"]["phase"] == "Succeeded"
     assert emulator.request_count(routes.CREATE_JOB) == 2
@@ -319,7 +318,7 @@ def test_operator_retries_a_failed_create_without_submitting_twice(
 def test_operator_adopts_a_job_whose_create_answer_was_lost(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
 ) -> None:
-    emulator.inject("lose_response", route=routes.CREATE_JOB, count=1)
+    emulator.controls.inject("lose_response", route=routes.CREATE_JOB, count=1)
     job = _one_job(kubectl, namespace)
     assert job["status"]["phase"] == "Succeeded"
     assert list(emulator.creations_by_label(KEY_LABEL).values()) == [1]
@@ -329,7 +328,7 @@ def test_operator_adopts_a_job_whose_create_answer_was_lost(
 def test_a_job_ending_in_error_fails_with_the_backends_reason(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
 ) -> None:
-    emulator.inject("job_error", count=1, message="CUDA out of memory (injected)")
+    emulator.controls.inject("job_error", count=1, message="CUDA out of memory (injected)")
     job = _one_job(kubectl, namespace)
     assert (job["status"]["phase"], job["status"]["reason"]) == ("Failed", "JobFailed")
     assert "CUDA out of memory (injected)" in job["status"]["message"]
@@ -338,7 +337,7 @@ def test_a_job_ending_in_error_fails_with_the_backends_reason(
 def test_a_vanished_job_is_backend_lost_and_releases_its_reservation(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
 ) -> None:
-    emulator.inject("job_vanish", count=1, seconds=0.5)
+    emulator.controls.inject("job_vanish", count=1, seconds=0.5)
     job = _one_job(kubectl, namespace)
     assert (job["status"]["phase"], job["status"]["reason"]) == ("Failed", "BackendLost")
     ledger = wait_for(lambda: (book := kubectl_ledger(kubectl, namespace))["reservedMicroUSD"] == 0 and book)
@@ -349,14 +348,14 @@ def test_a_vanished_job_is_backend_lost_and_releases_its_reservation(
 def test_persistent_server_errors_never_crash_the_operator(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, emulator: HfEmulator
 ) -> None:
-    emulator.inject("http_error", status=503, count=None)
+    emulator.controls.inject("http_error", status=503, count=None)
     apply(kubectl, namespace, episode_manifest("ep1"))
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
     apply(kubectl, namespace, agentjob_manifest("job1", "ep1"))
     # Each attempt is retried with backoff inside the backend (about 15 s) before kopf retries it.
     wait_for(lambda: "failed temporarily" in operator.logs(), timeout=120, what="a retried failure")
     assert operator.proc is not None and operator.proc.poll() is None
-    emulator.clear_faults()
+    emulator.controls.clear_faults()
     job = wait_phase(kubectl, namespace, "agentjob", "job1", {"Succeeded"}, timeout=120)
     assert list(emulator.creations_by_label(KEY_LABEL).values()) == [1]
     assert job["status"]["phase"] == "Succeeded"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
-from devstack.paths import cache_root
-from tests.conftest import Kubectl
-from tests.integration.conftest import (
+from devstack.toolchain.paths import cache_root
+from tests.helpers import Kubectl
+from tests.integration.support import (
     REPO,
     OperatorProcess,
     agentjob_manifest,

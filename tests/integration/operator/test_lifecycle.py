@@ -8,9 +8,8 @@ import yaml
 from posttrain_operator.api.rules import token_hash
 
 from devstack.hf_emulator import HfEmulator
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json, wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, kubectl_json, wait_for
+from tests.integration.support import (
     REPO,
     OperatorProcess,
     agentjob_manifest,

@@ -6,9 +6,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, wait_for
+from tests.integration.support import (
     OperatorProcess,
     agentjob_manifest,
     apply,

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator, routes
 from devstack.hf_emulator.repos import remove_tree
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json, wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, kubectl_json, wait_for
+from tests.integration.support import (
     HF_TOKEN,
     OperatorProcess,
     agentjob_manifest,
@@ -153,7 +152,7 @@ def test_a_missing_token_secret_is_reported_with_its_name(
 def test_an_unreachable_backend_leaves_the_job_pending_with_a_reason_and_the_episode_ends(
     kubectl: Kubectl, namespace: str, misconfigured: OperatorProcess, emulator: HfEmulator
 ) -> None:
-    emulator.inject("http_error", route=routes.HARDWARE, status=503, count=None)
+    emulator.controls.inject("http_error", route=routes.HARDWARE, status=503, count=None)
     apply(kubectl, namespace, episode_manifest("ep1", limits={"maxWallSeconds": 30}))
     wait_phase(kubectl, namespace, "episode", "ep1", {"Running"})
     apply(kubectl, namespace, agentjob_manifest("job1", "ep1"))

@@ -17,12 +17,13 @@ import pytest
 from huggingface_hub import HfApi
 from posttrain_launcher.host import job_interpreter
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
 from devstack.hf_emulator.repos import remove_tree
 from graders.assets import referenced_repos
-from tests.conftest import Kubectl
-from tests.integration.conftest import (
+from tests.helpers import Kubectl
+from tests.integration.operator.test_full_episode import ARTIFACT_SCRIPT
+from tests.integration.support import (
     HF_NAMESPACE,
     HF_TOKEN,
     REPO,
@@ -33,7 +34,6 @@ from tests.integration.conftest import (
     running_operator,
     wait_phase,
 )
-from tests.integration.operator.test_full_episode import ARTIFACT_SCRIPT
 
 REVISION = "v1"
 

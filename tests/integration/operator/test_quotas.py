@@ -14,11 +14,10 @@ import pytest
 import yaml
 from posttrain_operator.backends.hf_jobs import KEY_LABEL
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json, wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, kubectl_json, wait_for
+from tests.integration.support import (
     OperatorProcess,
     agentjob_manifest,
     apply,

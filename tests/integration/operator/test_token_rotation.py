@@ -7,17 +7,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
-from tests.conftest import Kubectl
-from tests.integration.conftest import (
+from tests.helpers import Kubectl
+from tests.integration.rotating_token import cluster_admin_with_rotating_token
+from tests.integration.support import (
     agentjob_manifest,
     apply,
     episode_manifest,
     running_operator,
     wait_phase,
 )
-from tests.integration.rotating_token import cluster_admin_with_rotating_token
 
 
 def test_a_rotated_token_is_reread_and_the_old_ones_expiry_causes_no_401(

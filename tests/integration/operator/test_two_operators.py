@@ -11,11 +11,10 @@ from pathlib import Path
 
 from posttrain_operator.backends.hf_jobs import KEY_LABEL
 
-from devstack import cluster as devcluster
+from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
-from tests.conftest import Kubectl
-from tests.helpers import wait_for
-from tests.integration.conftest import (
+from tests.helpers import Kubectl, wait_for
+from tests.integration.support import (
     OperatorProcess,
     agentjob_manifest,
     apply,

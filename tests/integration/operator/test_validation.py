@@ -7,9 +7,8 @@ import json
 import pytest
 from posttrain_operator.api.models import MAX_PACKAGES, MAX_SCRIPT_BYTES
 
-from tests.conftest import Kubectl
-from tests.helpers import kubectl_json
-from tests.integration.conftest import agentjob_manifest, episode_manifest
+from tests.helpers import Kubectl, kubectl_json
+from tests.integration.support import agentjob_manifest, episode_manifest
 
 
 def _create(kubectl: Kubectl, namespace: str, manifest: dict) -> str:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from devstack.environments import (
+from devstack.kind.environments import (
     ENVIRONMENTS_DIR,
     environment_image,
     environment_names,
@@ -15,7 +15,7 @@ from devstack.environments import (
     lock_entries,
     normalized,
 )
-from devstack.images import LAUNCHER, image_key
+from devstack.kind.images import LAUNCHER, image_key
 
 
 def test_the_launchers_packages_are_the_closure_of_its_extras_with_their_own_extras() -> None:

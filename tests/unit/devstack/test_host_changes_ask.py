@@ -14,7 +14,7 @@ import pytest
 from devstack import preflight
 
 REPO = Path(__file__).resolve().parents[3]
-SETUP = REPO / "devstack" / "host" / "docker-setup.sh"
+SETUP = REPO / "devstack" / "kind" / "host" / "docker-setup.sh"
 
 
 def _confirm(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from devstack import images
-from devstack.build import BuildError
+from devstack.kind import images
+from devstack.toolchain.build import BuildError
 
 
 def test_a_step_that_cannot_fit_fails_first_saying_how_much_it_needs(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from devstack import kind, nodeimage, oci
+from devstack.kind import cluster as kind
+from devstack.kind import nodeimage, oci
 
 
 def test_archive_holds_each_image_under_its_name_with_shared_layers_once(tmp_path: Path) -> None:

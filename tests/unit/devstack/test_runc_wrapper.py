@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-WRAPPER = Path(__file__).resolve().parents[3] / "devstack" / "host" / "runc-without-sys-resource"
+WRAPPER = Path(__file__).resolve().parents[3] / "devstack" / "kind" / "host" / "runc-without-sys-resource"
 CAPS = ["CAP_CHOWN", "CAP_SYS_RESOURCE", "CAP_NET_ADMIN"]
 SETS = ("bounding", "effective", "inheritable", "permitted", "ambient")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from devstack.seccomp import UNSHARE_FLAGS, loopback_profile
+from devstack.kind.seccomp import UNSHARE_FLAGS, loopback_profile
 
 DOCKER_PROFILE: dict[str, Any] = {
     "defaultAction": "SCMP_ACT_ERRNO",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devstack.paths import bin_dir
+from devstack.toolchain.paths import bin_dir
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "posttrain-operator"

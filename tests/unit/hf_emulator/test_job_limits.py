@@ -7,7 +7,7 @@ from posttrain_launcher.bounds import derive_bounds
 from posttrain_launcher.spec import Limits
 
 from devstack.hf_emulator.hardware import FLAVORS
-from devstack.hf_emulator.isolation import PROCESSES_PER_CPU, JobLimits, job_limits
+from devstack.sandbox.isolation import PROCESSES_PER_CPU, JobLimits, job_limits
 
 
 def test_the_flavor_gives_its_ram_its_vcpus_and_256_processes_per_vcpu() -> None:

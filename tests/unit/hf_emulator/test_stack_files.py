@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from devstack import stack
-from devstack.cluster import ClusterError
+from devstack.controlplane.cluster import ClusterError
 
 
 def test_two_stacks_never_share_a_data_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack.hf_emulator.trees import (
+from devstack.sandbox.trees import (
     MAX_PUBLISHED_DEPTH,
     UnsafeTree,
     check_publishable,

@@ -28,7 +28,7 @@ def instructions(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
     return out
 
 
-NODE_DOCKERFILE = REPO / "devstack" / "node" / "Dockerfile"
+NODE_DOCKERFILE = REPO / "devstack" / "kind" / "node" / "Dockerfile"
 
 
 @pytest.mark.parametrize("dockerfile", [*PROJECT_DOCKERFILES, NODE_DOCKERFILE], ids=lambda p: p.parent.name)

@@ -157,7 +157,7 @@ SECCOMP = {"type": "RuntimeDefault"}
 
 def seccomp_profile(config: PodsConfig, request: JobRequest) -> dict[str, str]:
     """RuntimeDefault, or for a loopback job the nodes' Localhost profile: the same rules plus the one
-    `unshare` its launcher makes the job's namespace with (devstack/seccomp.py)."""
+    `unshare` its launcher makes the job's namespace with (devstack/kind/seccomp.py)."""
     if request.launcher_spec.get("network") == "loopback" and config.loopback_seccomp_profile:
         return {"type": "Localhost", "localhostProfile": config.loopback_seccomp_profile}
     return dict(SECCOMP)

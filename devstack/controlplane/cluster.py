@@ -33,9 +33,9 @@ from typing import Any
 
 import yaml
 
-from devstack import components, pki
-from devstack.build import ensure_binaries, log
-from devstack.paths import run_root
+from devstack.controlplane import components, pki
+from devstack.toolchain.build import ensure_binaries, log
+from devstack.toolchain.paths import run_root
 
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0

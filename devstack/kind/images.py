@@ -1,11 +1,11 @@
 """Build the project's images, tagged by what goes into them, so a warm rebuild is a no-op.
 
 Two images: `posttrain-operator` (operator and gateway, no torch) and `posttrain-launcher` (agent
-and grader jobs); and the environment images, built on the launcher's (devstack/environments.py).
+and grader jobs); and the environment images, built on the launcher's (devstack/kind/environments.py).
 Each tag is `<version>-<key>`, the key a hash of the Dockerfile, the lock file and the sources the
 image copies, and the base image: when `docker image inspect` finds the tag, there
 is nothing to build. The base is the official slim Python image when Docker has it or can pull it,
-and otherwise a Debian base made here from Debian's packages (devstack/debian.py).
+and otherwise a Debian base made here from Debian's packages (devstack/kind/debian.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from devstack import debian
-from devstack.build import BuildError, log
+from devstack.kind import debian
+from devstack.toolchain.build import BuildError, log
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PUBLIC_BASE = "python:3.11.14-slim-bookworm"
 VERSION = "0.1.0"
 

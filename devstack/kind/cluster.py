@@ -1,7 +1,7 @@
 """kind clusters for the e2e suite: the node image, the cluster config for this kernel, lifecycle.
 
 The node image is the official `kindest/node` where Docker can pull it, and otherwise the one built
-here from Debian packages (devstack/nodeimage.py). The config adds what this kernel needs: without
+here from Debian packages (devstack/kind/nodeimage.py). The config adds what this kernel needs: without
 CAP_SYS_RESOURCE, containerd must not lower oom_score_adj and kubelet and kube-proxy keep theirs at 0.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from devstack import debian, nodeimage
-from devstack.build import BuildError, ensure_go_tool, log
-from devstack.images import image_size_mb, require_free_space
+from devstack.kind import debian, nodeimage
+from devstack.kind.images import image_size_mb, require_free_space
+from devstack.toolchain.build import BuildError, ensure_go_tool, log
 
 # The official node image for Kubernetes v1.34 (override with KIND_NODE_IMAGE).
 OFFICIAL_NODE_IMAGE = "kindest/node:v1.34.4"

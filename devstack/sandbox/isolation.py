@@ -16,12 +16,23 @@ import subprocess
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
-from devstack.hf_emulator.cgroups import CgroupError, CgroupRoot, JobCgroup
-from devstack.hf_emulator.hardware import Flavor
-from devstack.hf_emulator.jail import Bind, JailSpec
+from devstack.sandbox.cgroups import CgroupError, CgroupRoot, JobCgroup
+from devstack.sandbox.jail import Bind, JailSpec
 
 log = logging.getLogger(__name__)
+
+
+class Flavor(Protocol):
+    """What a job's limits are made from: an HF flavor (`hf_emulator/hardware.py`) is one."""
+
+    @property
+    def ram(self) -> str: ...  # "<n> GB"
+
+    @property
+    def cpu_cores(self) -> int: ...
+
 
 JAIL_SCRIPT = str(Path(__file__).with_name("jail.py"))
 JOB_UID = 10000  # the launcher drops to this uid; a job's writable dirs must belong to it

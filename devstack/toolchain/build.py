@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from devstack.paths import (
+from devstack.toolchain.paths import (
     COREDNS_VERSION,
     ETCD_VERSION,
     KIND_VERSION,
@@ -49,7 +49,7 @@ GO_TOOLS = {
     "coredns": ("github.com/coredns/coredns", COREDNS_VERSION),
     "kube-router": ("github.com/cloudnativelabs/kube-router/v2/cmd/kube-router", KUBE_ROUTER_VERSION),
 }
-PAUSE_SOURCE = Path(__file__).resolve().parent / "node" / "pause.go"
+PAUSE_SOURCE = Path(__file__).resolve().parents[1] / "kind" / "node" / "pause.go"
 
 
 class BuildError(RuntimeError):

@@ -71,7 +71,7 @@ install_runtime_wrapper() {
         say "kernel grants CAP_SYS_RESOURCE: Docker's own runc is used as is"
         return 1
     fi
-    need_root "installing the runc wrapper" "see devstack/host/runc-without-sys-resource"
+    need_root "installing the runc wrapper" "see devstack/kind/host/runc-without-sys-resource"
     if ! cmp -s "$HERE/runc-without-sys-resource" "$WRAPPER" \
         || [[ $(jq -r '."default-runtime" // ""' "$DAEMON_JSON" 2>/dev/null) != "$RUNTIME_NAME" ]]; then
         confirm "install $WRAPPER, make it Docker's default runtime in $DAEMON_JSON and restart dockerd"

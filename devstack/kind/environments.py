@@ -17,8 +17,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from devstack.build import BuildError, log
-from devstack.images import LAUNCHER, REPO_ROOT, ProjectImage
+from devstack.kind.images import LAUNCHER, REPO_ROOT, ProjectImage
+from devstack.toolchain.build import BuildError, log
 
 ENVIRONMENTS_DIR = REPO_ROOT / "environments"
 # The extras the launcher's image installs (launcher_image/Dockerfile).

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from devstack.build import BuildError, log
-from devstack.paths import cache_root
+from devstack.toolchain.build import BuildError, log
+from devstack.toolchain.paths import cache_root
 
 MOBY_SECCOMP_MODULE = "github.com/moby/profiles/seccomp"
 MOBY_SECCOMP_VERSION = "v0.3.0"

@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from devstack.build import BuildError, log
-from devstack.paths import cache_root
+from devstack.toolchain.build import BuildError, log
+from devstack.toolchain.paths import cache_root
 
 SUITE = "bookworm"
 MIRRORS = (

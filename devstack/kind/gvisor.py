@@ -25,8 +25,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from devstack.build import BuildError, _publish, _require_go, _run_go, log
-from devstack.paths import GVISOR_VERSION, cache_root, tool_dir
+from devstack.toolchain.build import BuildError, _publish, _require_go, _run_go, log
+from devstack.toolchain.paths import GVISOR_VERSION, cache_root, tool_dir
 
 MODULE = "gvisor.dev/gvisor"
 # Binary name -> the package that builds it.

@@ -16,7 +16,7 @@ COREDNS_VERSION = "v1.12.1"
 PAUSE_VERSION = "3.10.1"
 # NetworkPolicy enforcement (iptables/ipset, firewall only): the one version the Go proxy serves.
 KUBE_ROUTER_VERSION = "v2.1.0"
-# gVisor for job pods (devstack/gvisor.py): its Go-buildable branch, as the Go proxy serves it.
+# gVisor for job pods (devstack/kind/gvisor.py): its Go-buildable branch, as the Go proxy serves it.
 GVISOR_VERSION = "v0.0.0-20260905035102-160fafc42237"
 
 

@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from devstack import debian, gvisor, oci, seccomp
-from devstack.build import BuildError, ensure_binaries, ensure_go_tool, ensure_node_binaries, log
-from devstack.paths import (
+from devstack.kind import debian, gvisor, oci, seccomp
+from devstack.toolchain.build import BuildError, ensure_binaries, ensure_go_tool, ensure_node_binaries, log
+from devstack.toolchain.paths import (
     COREDNS_VERSION,
     ETCD_VERSION,
     KIND_VERSION,
