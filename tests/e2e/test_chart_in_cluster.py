@@ -73,6 +73,23 @@ def test_helm_test_passes(request: pytest.FixtureRequest, release: Release) -> N
     assert "Phase:          Succeeded" in proc.stdout
 
 
+def test_helm_test_fails_with_the_gateway_scaled_to_zero(release: Release) -> None:
+    release.kubectl("scale", f"deployment/{GATEWAY_DEPLOYMENT}", "--replicas=0")
+    try:
+        wait_for(
+            lambda: not release.json("get", "deployment", GATEWAY_DEPLOYMENT)["status"].get("replicas"),
+            timeout=180, what="the gateway's pods to be gone",
+        )  # fmt: skip
+        proc = release.cluster.helm("test", "pt", "--namespace", NAMESPACE, "--timeout", "3m")
+        assert proc.returncode != 0, proc.stdout
+    finally:
+        release.kubectl("scale", f"deployment/{GATEWAY_DEPLOYMENT}", "--replicas=1")
+        wait_for(
+            lambda: release.json("get", "deployment", GATEWAY_DEPLOYMENT)["status"].get("readyReplicas") == 1,
+            timeout=300, what="the gateway to be Ready again",
+        )  # fmt: skip
+
+
 def test_gateway_reached_through_its_service(release: Release) -> None:
     # From a pod: cluster DNS, the Service's ClusterIP (kube-proxy), the gateway's NetworkPolicy.
     url = f"http://{GATEWAY_SERVICE}.{NAMESPACE}.svc/health"
