@@ -267,8 +267,10 @@ class Soak:
         if twice:
             self.violations.append(f"backend jobs created more than once: {twice}")
         billed: Counter[str] = Counter()
+        by_job = {}
         for record in self.emulator.billing():
             billed[self.emulator.job(record.job_id)["labels"].get(EPISODE_LABEL, "")] += record.cost_micro_usd
+            by_job[record.job_id] = record
         mismatched = 0
         for episode in episodes:
             status, name = episode["status"], episode["metadata"]["name"]
@@ -278,10 +280,25 @@ class Soak:
             if on_books != bill:
                 mismatched += 1
                 self.violations.append(f"episode {name}: settled + platform {on_books} != billed {bill}")
+                self.violations += self.job_books(name, jobs, by_job)
             untyped = [o for o in status.get("orphanedJobs") or [] if not o.get("reason")]
             if untyped:
                 self.violations.append(f"episode {name}: orphans without a reason: {untyped}")
         return {"double creations": len(twice), "billing mismatches": mismatched}
+
+    def job_books(self, episode: str, jobs: list[dict[str, Any]], by_job: dict[str, Any]) -> list[str]:
+        """Each of the Episode's jobs whose settlement differs from its bill, with what both sides saw."""
+        found = []
+        for job in jobs:
+            status = job.get("status") or {}
+            record = by_job.get(status.get("backendJobId") or "")
+            if job["spec"]["episode"] != episode or record is None:
+                continue
+            if (status.get("settledMicroUSD") or 0) != record.cost_micro_usd:
+                seen = {k: status.get(k) for k in ("phase", "reason", "billedSeconds", "settledMicroUSD",
+                                                   "startedAt", "finishedAt", "backendStage")}  # fmt: skip
+                found.append(f"  job {job['metadata']['name']}: {seen}; billed {record}")
+        return found
 
 
 async def soak(args: argparse.Namespace) -> int:
@@ -331,7 +348,7 @@ async def soak(args: argparse.Namespace) -> int:
         f"Episode versions    {run.versions} checked for reserved + settled <= budget",
         f"books               {books}; backend jobs left running: {left_running}",
         f"violations          {len(run.violations)}",
-        *(f"    {v}" for v in run.violations[:20]),
+        *(f"    {v}" for v in run.violations[:40]),
     ]
     print("\n".join(lines))
     return 1 if run.violations else 0

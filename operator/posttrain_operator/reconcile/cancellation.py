@@ -4,6 +4,7 @@ backend does not confirm leaves the job Orphaned, listed on its Episode, with it
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 from posttrain_operator.api import conditions as cond
@@ -17,8 +18,10 @@ from posttrain_operator.api.models import (
 from posttrain_operator.backends.base import BackendError
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.finishing import finish_agentjob
-from posttrain_operator.reconcile.jobs import handle_of, write_job_status
+from posttrain_operator.reconcile.jobs import handle_of, submission_window_end, write_job_status
 from posttrain_operator.reconcile.orphan_records import with_orphan
+
+log = logging.getLogger(__name__)
 
 
 async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, message: str) -> bool:
@@ -35,6 +38,12 @@ async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, 
     try:
         if handle is None and backend is not None and status.idempotency_key:
             handle = await backend.find(status.idempotency_key)
+            in_flight_until = submission_window_end(ctx, status)
+            if handle is None and in_flight_until is not None and ctx.clock() < in_flight_until:
+                # A submission request may still create the job after this lookup: settling it at
+                # nothing now could leave a job running and billing unseen. Not confirmed yet.
+                log.info("%s/%s: cancel waits for a submission still in flight", namespace, name)
+                return False
         if handle is None or backend is None:
             await finish_agentjob(ctx, namespace, name, "Cancelled", reason, message, None)
             return True

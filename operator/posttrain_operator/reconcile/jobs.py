@@ -3,11 +3,12 @@ way its status is written."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from posttrain_operator.api import provenance
 from posttrain_operator.api.models import TERMINAL_JOB_PHASES, AgentJobStatus, status_of
-from posttrain_operator.api.rules import EPISODE_LABEL, episode_owner
+from posttrain_operator.api.rules import EPISODE_LABEL, episode_owner, parse_time
 from posttrain_operator.backends.base import Handle
 from posttrain_operator.jobspec import output_prefix
 from posttrain_operator.reconcile.context import Context
@@ -87,3 +88,12 @@ def with_condition(
     return status.model_copy(
         update={"conditions": conditions, "observed_generation": job["metadata"].get("generation")}
     )
+
+
+def submission_window_end(ctx: Context, status: AgentJobStatus) -> datetime | None:
+    """Until when a submission begun at `submitStartedAt` may still reach the backend: a job not
+    found by its key before then may yet be created by a request still in flight."""
+    started = parse_time(status.submit_started_at)
+    if started is None:
+        return None
+    return started + timedelta(seconds=ctx.settings.submission_window_seconds)

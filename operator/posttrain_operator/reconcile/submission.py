@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
 from graders.tasks import Task, get_task
@@ -21,13 +20,20 @@ from posttrain_operator.api.models import (
     MountedRepo,
     status_of,
 )
-from posttrain_operator.api.rules import format_time, parse_time
+from posttrain_operator.api.rules import format_time
 from posttrain_operator.backends.base import BACKEND_REFUSED, Backend, BackendError, Handle
 from posttrain_operator.jobspec import build_request
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.finishing import finish_agentjob
-from posttrain_operator.reconcile.jobs import Retry, admitting_phases, adopt, with_condition, write_job_status
+from posttrain_operator.reconcile.jobs import (
+    Retry,
+    admitting_phases,
+    adopt,
+    submission_window_end,
+    with_condition,
+    write_job_status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,11 +145,3 @@ async def _submission_failed(ctx: Context, job: dict[str, Any], exc: BackendErro
     # A refused token says so; any other refusal is the submission's own.
     reason = cond.SUBMISSION_FAILED if exc.reason == BACKEND_REFUSED else exc.reason
     await finish_agentjob(ctx, meta["namespace"], meta["name"], "Failed", reason, str(exc), None)
-
-
-def submission_window_end(ctx: Context, status: AgentJobStatus) -> datetime | None:
-    """Until when a submission begun at `submitStartedAt` may still reach the backend."""
-    started = parse_time(status.submit_started_at)
-    if started is None:
-        return None
-    return started + timedelta(seconds=ctx.settings.submission_window_seconds)

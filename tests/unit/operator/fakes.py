@@ -274,6 +274,7 @@ class FakeBackend:
         self.resolved: tuple[PackagePin, ...] = ()  # what a resolving backend staged for a job
         self.fail_price: BackendError | None = None
         self.page_size = 50  # jobs per list request, as HF Jobs pages them
+        self.requests: list[JobRequest] = []
         self._ids = itertools.count(1)
 
     async def price(self, flavor: str) -> int:
@@ -286,6 +287,7 @@ class FakeBackend:
 
     async def submit(self, request: JobRequest) -> Handle:
         self.stats.count("submit")
+        self.requests.append(request)  # sent, whatever the answer: a timed-out one may land later
         if self.fail_submit is not None:
             raise self.fail_submit
         job_id = f"job-{next(self._ids)}"
