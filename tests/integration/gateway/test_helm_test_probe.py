@@ -26,8 +26,12 @@ def probe_script(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _probe(script: Path, gateway_url: str, operator_url: str, token: str) -> subprocess.CompletedProcess[str]:
-    env = {"GATEWAY_URL": gateway_url, "OPERATOR_URL": operator_url, "ORCHESTRATOR_TOKEN": token,
-           "PROBE_CONNECT_SECONDS": "4"}  # a refused connection is tried again for 4 s, not 60
+    env = {
+        "GATEWAY_URL": gateway_url,
+        "OPERATOR_URL": operator_url,
+        "ORCHESTRATOR_TOKEN": token,
+        "PROBE_CONNECT_SECONDS": "4",
+    }  # a refused connection is tried again for 4 s, not 60
     return subprocess.run([sys.executable, "-I", str(script)], env=env, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
 
