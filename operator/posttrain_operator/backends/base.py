@@ -198,7 +198,9 @@ class Backend(Protocol):
     async def find(self, key: str) -> Handle | None: ...
 
     async def status_many(self, handles: Sequence[Handle]) -> dict[str, RemoteStatus]:
-        """Status of every handle, by backend_job_id, at a cost that does not grow with their number."""
+        """Status of the handles, by backend_job_id, at a cost that does not grow with their number.
+        A handle left out is unknown this time (a transient failure), never "lost"; raises when
+        nothing could be learned."""
         ...
 
     async def cancel(self, handle: Handle) -> bool:

@@ -315,8 +315,10 @@ class HfJobsBackend:
         if not handles:
             return {}
         wanted = {h.backend_job_id for h in handles}
-        if len(wanted) < self._list_requests:
-            return {job_id: await self._inspect(job_id) for job_id in wanted}
+        statuses = await self._list_active() if len(wanted) >= self._list_requests else {}
+        return await self._inspect_rest(wanted, statuses)
+
+    async def _list_active(self) -> dict[str, RemoteStatus]:
         sent_before = self.stats.http_requests
         active = await self._call(
             "list_jobs",
@@ -329,10 +331,26 @@ class HfJobsBackend:
             ),
         )
         self._list_requests = max(1, self.stats.http_requests - sent_before)
-        statuses = {info.id: status_of(info) for info in active}
-        for job_id in wanted - statuses.keys():
-            statuses[job_id] = await self._inspect(job_id)
-        return {job_id: statuses[job_id] for job_id in wanted}
+        return {info.id: status_of(info) for info in active}
+
+    async def _inspect_rest(
+        self, wanted: set[str], listed: dict[str, RemoteStatus]
+    ) -> dict[str, RemoteStatus]:
+        """`listed` plus an inspect of each wanted job it lacks. A transient failure leaves that job
+        out (unknown this time, not lost), so one bad answer does not hide every other job's end;
+        it is raised when nothing at all was learned, or when the backend refused outright."""
+        statuses = {job_id: listed[job_id] for job_id in wanted & listed.keys()}
+        failure: BackendError | None = None
+        for job_id in wanted - listed.keys():
+            try:
+                statuses[job_id] = await self._inspect(job_id)
+            except BackendError as exc:
+                if not exc.transient:
+                    raise
+                failure = failure or exc
+        if failure is not None and not statuses:
+            raise failure
+        return statuses
 
     async def _inspect(self, job_id: str) -> RemoteStatus:
         try:

@@ -49,6 +49,9 @@ async def cancel_agentjob(ctx: Context, namespace: str, name: str, reason: str, 
             return True
         confirmed = await backend.cancel(handle)
         remote = (await backend.status_many([handle])).get(handle.backend_job_id) if confirmed else None
+        if confirmed and remote is None:
+            # Gone, but its run times are unread: settling now would bill it at nothing.
+            confirmed, message = False, f"{message}; its run times are unread"
     except BackendError as exc:
         confirmed, remote = False, None
         message = f"{message}; cancel failed: {exc}"

@@ -189,6 +189,10 @@ async def _status_pass(ctx: Context, backend_name: str, jobs: list[ActiveJob], p
     calls = [_apply(ctx, job, statuses[job.handle.backend_job_id]) for job in jobs
              if job.handle.backend_job_id in statuses]  # fmt: skip
     await _gathered("applying a polled status", calls)
+    unread = [job for job in jobs if job.handle.backend_job_id not in statuses]
+    if unread:
+        log.info("%s: %d of %d jobs unread this pass", backend_name, len(unread), len(jobs))
+        await _keep_deadlines(ctx, unread)
 
 
 async def _keep_deadlines(ctx: Context, jobs: list[ActiveJob]) -> None:

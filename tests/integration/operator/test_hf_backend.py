@@ -258,6 +258,17 @@ async def test_status_of_many_jobs_is_one_list_call_and_of_a_few_among_many_an_i
             h.backend_job_id for h in handles[:3]
         }
         assert emu.request_counts() == {routes.INSPECT_JOB: 3}
+        # One inspect failing through every retry leaves its job out (unknown, not lost); the others
+        # are still read. When none can be read, the error is raised (a cancel's check sees it).
+        emu.controls.inject(
+            "http_error", route=routes.INSPECT_JOB, status=503, count=many.config.max_attempts
+        )
+        partial = await many.status_many(handles[:3])
+        assert len(partial) == 2 and {s.stage for s in partial.values()} == {"running"}
+        emu.controls.inject("http_error", route=routes.INSPECT_JOB, status=503, count=None)
+        with pytest.raises(BackendError) as unread:
+            await many.status_many(handles[:3])
+        assert unread.value.transient
     finally:
         install_client_timeout(3.0)
         emu.stop()

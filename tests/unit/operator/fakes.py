@@ -274,6 +274,7 @@ class FakeBackend:
         self.resolved: tuple[PackagePin, ...] = ()  # what a resolving backend staged for a job
         self.fail_price: BackendError | None = None
         self.page_size = 50  # jobs per list request, as HF Jobs pages them
+        self.unread: set[str] = set()  # jobs whose status a pass fails to read (a failed inspect)
         self.requests: list[JobRequest] = []
         self._ids = itertools.count(1)
 
@@ -306,7 +307,7 @@ class FakeBackend:
         for _page in range(max(1, -(-len(handles) // self.page_size))):
             self.stats.sent()
         known = [h.backend_job_id for h in handles if h.backend_job_id in self.jobs]
-        return {job_id: self.jobs[job_id].status for job_id in known}
+        return {job_id: self.jobs[job_id].status for job_id in known if job_id not in self.unread}
 
     async def cancel(self, handle: Handle) -> bool:
         self.stats.count("cancel")

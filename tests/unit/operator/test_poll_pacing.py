@@ -6,6 +6,7 @@ from __future__ import annotations
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.backends.base import RemoteStatus
 from posttrain_operator.reconcile.admission import reconcile_agentjob
+from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.poller import PassPacer, poll_once
 
 from tests.unit.operator.test_reconcilers import NS, World, make_world, started
@@ -70,4 +71,31 @@ async def test_a_job_past_its_deadline_is_cancelled_between_passes_from_the_loca
         status = world.status("agentjobs", name)
         assert (status["phase"], status["reason"]) == ("Cancelled", cond.DEADLINE_EXCEEDED)
     assert {job.status.stage for job in world.backend.jobs.values()} == {"cancelled"}
+    assert world.ledger()["reservedMicroUSD"] == 0
+
+
+async def test_a_job_left_unread_by_a_pass_does_not_hold_back_the_others_and_keeps_its_deadline() -> None:
+    world = await running_jobs(2)
+    pacer = pacer_on(world, requests_per_minute=120)
+    await poll_once(world.ctx, world.watched(), pacer)  # every job's start seen
+    j0, j1 = (world.status("agentjobs", f"j{n}")["backendJobId"] for n in range(2))
+    world.backend.unread = {j0}
+    begun = world.clock()  # the jobs' start, as the first pass read it
+    world.clock.advance(600 + 60 + 1)  # past the timeout and its grace
+    ended = world.clock()
+    world.backend.set_stage(j1, RemoteStatus("succeeded", "", ended, ended, "COMPLETED"))
+    await poll_once(world.ctx, world.watched(), pacer)
+    assert world.status("agentjobs", "j1")["phase"] == "Succeeded"  # read and applied
+    # j0 past its deadline from the local clock: cancelled on the backend, but its run times are
+    # unread, so it is not settled (at nothing) but kept unconfirmed with its reservation.
+    assert world.backend.jobs[j0].status.stage == "cancelled"
+    status = world.status("agentjobs", "j0")
+    assert (status["phase"], status["reason"]) == ("Orphaned", cond.CANCEL_UNCONFIRMED)
+    assert world.ledger()["reservedMicroUSD"] > 0
+
+    world.backend.unread = set()  # readable again: its bill is what it ran
+    world.backend.set_stage(j0, RemoteStatus("cancelled", "", begun, ended, "CANCELED"))
+    assert await cancel_agentjob(world.ctx, NS, "j0", cond.DEADLINE_EXCEEDED, "overdue") is True
+    status = world.status("agentjobs", "j0")
+    assert (status["phase"], status["billedSeconds"]) == ("Cancelled", 661)
     assert world.ledger()["reservedMicroUSD"] == 0
