@@ -1,7 +1,7 @@
 """Operator scale: admission latency, backend polling cost and drain time with many active jobs.
 
     python bench/operator_scale.py [--devstack NAME] [--sweep 1000,3000,10000] [--jobs 5] [--window 60]
-                                   [--quota-usd N]
+                                   [--quota-usd N] [--drain full|backend|none]
 
 Against the devstack control plane and the HF Jobs emulator (jobs 'run' for an hour without a
 process, so they all stay active), with the operator as a real `kopf run` process. The active jobs
@@ -16,7 +16,10 @@ grow through each size of the sweep (`--jobs` per Episode); at each size:
 - the operator's CPU (with every job active and nothing to do) and resident memory.
 
 Then Kubernetes API calls per admission (`audit_calls.py`), and the drain: every Episode deleted at
-once, until every job is cancelled on the backend, settled, and gone.
+once, until every job is cancelled on the backend (`--drain backend` stops there: the rest is the API
+server's garbage collector, about 9 deletions a second), settled, and gone.
+
+Each size also prints the machine's load average, since the figures depend on what runs beside.
 
 With `--quota-usd`, the namespace has a BudgetQuota, so every admission also reserves on it.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import statistics
 import subprocess
 import tempfile
@@ -132,6 +136,7 @@ class Step:
     lists: tuple[int, int]
     idle_cpu: float
     rss: float
+    load: tuple[float, float, float]
 
     def lines(self) -> list[str]:
         raw_p50, p50 = statistics.median(self.raw_paced), statistics.median(self.probes)
@@ -148,6 +153,7 @@ class Step:
             f"HF API requests/min {self.hf_per_minute:8.1f} over {self.window:.0f} s: {pages}",
             f"operator CPU        {self.idle_cpu * 100:8.1f}% of a core, every job active and nothing to do",
             f"operator RSS        {self.rss:8.1f} MiB",
+            "machine load        " + " ".join(f"{x:.1f}" for x in self.load) + " (1, 5, 15 min averages)",
         ]
 
 
@@ -196,10 +202,10 @@ async def grow_to(stack: Stack, size: int, jobs: int, window: float) -> Step:
     stack.active += 2 * PROBE_EPISODES * 5
     rss = rss_mib(pid)
     return Step(measured_at, burst, burst_seconds, rejected, paced_raw, probes, bare, hf_per_minute, window,
-                lists, idle_cpu, rss)  # fmt: skip
+                lists, idle_cpu, rss, os.getloadavg())  # fmt: skip
 
 
-async def drain(stack: Stack) -> tuple[float, float]:
+async def drain(stack: Stack, to_the_end: bool) -> tuple[float, float | None]:
     """Delete every Episode at once; seconds until the backend runs none of their jobs (the operator
     cancelled them all), and until every AgentJob and Episode is gone (settled, finalizers removed,
     and collected by the API server's garbage collector, which deletes at its own client rate)."""
@@ -210,6 +216,8 @@ async def drain(stack: Stack) -> tuple[float, float]:
     while True:
         if cancelled is None and stack.emulator.count_jobs(stack.emulator.namespace, ACTIVE) == 0:
             cancelled = time.perf_counter() - started
+            if not to_the_end:
+                return cancelled, None
         left = 0
         for plural in ("episodes", "agentjobs"):
             one = await custom.list_namespaced_custom_object(GROUP, VERSION, stack.namespace, plural, limit=1)
@@ -229,7 +237,7 @@ async def run(args: argparse.Namespace) -> None:
             print("\n".join(step.lines()), flush=True)
         windows = await admit_one_at_a_time(stack.api, stack.namespace, 4, 5)
         admissions = calls_per_admission(stack.state.audit_log, stack.namespace, windows)
-        drained = await drain(stack)
+        drained = await drain(stack, args.drain == "full") if args.drain != "none" else None
     finally:
         await stack.stop()
     lines = [
@@ -240,9 +248,13 @@ async def run(args: argparse.Namespace) -> None:
         + ", ".join(
             f"{step} {statistics.median(t) * 1000:.1f} ms" for step, t in admissions.milestones.items() if t
         ),
-        f"drain               {drained[0]:8.1f} s until the backend ran none of {stack.active + 20} jobs, "
-        f"{drained[1]:.1f} s until every job and Episode was gone (every Episode deleted at once)",
     ]
+    if drained is not None:
+        gone = f"{drained[1]:.1f} s until every job and Episode was gone" if drained[1] is not None else ""
+        lines.append(
+            f"drain               {drained[0]:8.1f} s until the backend ran none of {stack.active + 20} jobs "
+            f"(every Episode deleted at once) {gone}"
+        )
     print("\n".join(lines))
 
 
@@ -255,6 +267,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5, help="jobs per episode")
     parser.add_argument("--window", type=float, default=60.0, help="least seconds to count requests over")
     parser.add_argument("--quota-usd", help="give the namespace a BudgetQuota of this many dollars a month")
+    parser.add_argument(
+        "--drain", choices=("full", "backend", "none"), default="full",
+        help="after the sweep: delete every Episode; time it to the end, to the last job running, or not",
+    )  # fmt: skip
     asyncio.run(run(parser.parse_args()))
 
 
