@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,20 @@ def wait_for(
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; last value {last!r}")
+
+
+async def wait_for_async(
+    predicate: Callable[[], Awaitable[Any]], within: float = 30.0, interval: float = 0.2, what: str = ""
+) -> Any:
+    """`wait_for` for a coroutine predicate, sleeping on the event loop."""
+    deadline = time.monotonic() + within
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await predicate()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {within}s waiting for {what or predicate}; last value {last!r}")
 
 
 def kubectl_json(kubectl: Callable[..., subprocess.CompletedProcess[str]], *args: str) -> Any:

@@ -44,7 +44,8 @@ def rpc(step, method, params):
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     if HOST:
         headers["Host"] = HOST
-    answer = call(step, f"{GATEWAY}/mcp", {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers)
+    request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    answer = call(step, f"{GATEWAY}/mcp", request, headers)
     if "result" not in answer:
         sys.exit(f"FAIL {step}: {method} answered {json.dumps(answer)[:300]}")
     return answer["result"]
@@ -57,7 +58,8 @@ print("ok gateway /health")
 ready = call("operator readiness", f"{OPERATOR}/healthz")
 if ready.get("status") != "ok":
     sys.exit(f"FAIL operator readiness: {ready}")
-print(f"ok operator /healthz ({ready.get('role')}; backends: {', '.join(ready.get('backends', {})) or 'none'})")
+backends = ", ".join(ready.get("backends", {})) or "none"
+print(f"ok operator /healthz ({ready.get('role')}; backends: {backends})")
 session = rpc("session", "openenv/session/create", {})["session_id"]
 tools = [tool["name"] for tool in rpc("tools/list", "tools/list", {"session_id": session})["tools"]]
 if not tools:

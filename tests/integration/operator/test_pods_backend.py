@@ -9,7 +9,6 @@ container and the policy's effect on traffic need a real cluster (tests/e2e).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import json
@@ -43,7 +42,7 @@ from posttrain_operator.backends.wheels import WHEELS_MOUNT
 
 from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
-from tests.helpers import Kubectl, kubectl_json, wait_for
+from tests.helpers import Kubectl, kubectl_json, wait_for, wait_for_async
 from tests.integration.support import (
     OperatorProcess,
     agentjob_manifest,
@@ -182,10 +181,9 @@ async def test_packages_are_staged_before_the_pod_which_mounts_them_and_go_with_
     assert (env["PIP_NO_INDEX"], env["PIP_FIND_LINKS"]) == ("1", WHEELS_MOUNT)
     assert env["POSTTRAIN_PACKAGE_LOCK"] == f"{WHEELS_MOUNT}/requirements.lock"
     assert await staging.cancel(handle)
-    deadline = asyncio.get_running_loop().time() + 120
-    while not await staging.release_episode(namespace, "ep1"):
-        assert asyncio.get_running_loop().time() < deadline, "the episode's namespace was never deleted"
-        await asyncio.sleep(0.5)
+    await wait_for_async(
+        lambda: staging.release_episode(namespace, "ep1"), 120, 0.5, "the episode's namespace deleted"
+    )
     assert not (tmp_path / "store" / "wheels" / pod_ns).exists()
 
 

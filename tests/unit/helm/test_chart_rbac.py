@@ -163,8 +163,9 @@ def test_disabled_gateway_has_no_identity_and_the_broker_trusts_nobody() -> None
 def test_researchers_read_quotas_and_only_a_role_bound_by_the_platform_writes_them(
     default_docs: list[dict[str, Any]],
 ) -> None:
+    quota_roles = ("-quota-viewer", "-quota-admin")
     roles = {d["metadata"]["name"].rsplit("-", 1)[1]: d for d in default_docs
-             if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith(("-quota-viewer", "-quota-admin"))}  # fmt: skip
+             if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith(quota_roles)}  # fmt: skip
     viewer, admin = roles["viewer"], roles["admin"]
     aggregated = {k for k, v in viewer["metadata"]["labels"].items() if k.startswith("rbac.") and v == "true"}
     assert aggregated == {f"rbac.authorization.k8s.io/aggregate-to-{r}" for r in ("view", "edit", "admin")}

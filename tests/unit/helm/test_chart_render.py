@@ -252,8 +252,11 @@ def test_network_policies_admit_only_the_gateway_to_the_broker(default_docs: lis
     # The broker's rule; the metrics port's is tests/unit/helm/test_chart_metrics.py's, the `helm test`
     # probe's is tests/unit/helm/test_chart_helm_test.py's.
     probe = "test-probe"
-    [rule] = [r for r in policy["ingress"] if r["ports"][0]["port"] != 8082
-              and r["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] != probe]  # fmt: skip
+
+    def component(rule: dict[str, Any]) -> str:
+        return str(rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"])
+
+    [rule] = [r for r in policy["ingress"] if r["ports"][0]["port"] != 8082 and component(r) != probe]
     [peer] = rule["from"]
     assert set(peer) == {"podSelector"}  # the gateway's pods, in this namespace only
     assert peer["podSelector"]["matchLabels"].items() <= labels["gateway"].items()

@@ -30,7 +30,7 @@ from tests.unit.helm.chart import CHART, HF_VALUES, PODS, render, render_error, 
         ({"pods": {"storeVolume": {"cephfs": {"monitors": ["10.0.0.1:6789"]}}}}, "cephfs"),
         # Task settings are the plugins' own variables: never the operator's, nor where the assets are.
         ({"tasks": {"settings": {"POSTTRAIN_HF_TOKEN": "hf_x"}}}, "POSTTRAIN_HF_TOKEN"),
-        ({"tasks": {"settings": {"POSTTRAIN_TASK_ASSETS_NAMESPACE": "x"}}}, "POSTTRAIN_TASK_ASSETS_NAMESPACE"),
+        ({"tasks": {"settings": {"POSTTRAIN_TASK_ASSETS_NAMESPACE": "x"}}}, "TASK_ASSETS_NAMESPACE"),
         ({"tasks": {"settings": {"POSTTRAIN_TASK_POLICY_NAME": "x"}}}, "POSTTRAIN_TASK_POLICY_NAME"),
         ({"tasks": {"settings": {"POSTTRAIN_TASK_GSM8K_BASE": {"a": 1}}}}, "POSTTRAIN_TASK_GSM8K_BASE"),
         # A number would render as helm formats floats (1.0368e+06): quote it.
