@@ -98,6 +98,34 @@ test: venv binaries preflight e2e-images ## Everything this machine can run: uni
 test-unit: venv ## Pure-logic tests only, no cluster
 	$(PY) -m pytest tests/unit
 
+# The unit tier on the other Python versions requires-python allows (`make test` runs on $(PYTHON)),
+# each in its own .venv-pyX.Y synced from the lock with every extra, like .venv (warm cache: seconds,
+# the files hard-linked from uv's cache). No interpreter is downloaded: each is looked for on this
+# machine, and one not found is reported NOT TESTED with the reason, never passed.
+UNIT_PYTHONS ?= 3.12 3.13
+FIND_PYTHON := devstack/toolchain/find-python.sh
+
+.PHONY: test-unit-versions
+test-unit-versions: $(UV) ## The unit tier on Python 3.12 and 3.13 (UNIT_PYTHONS) where this machine has them, in .venv-pyX.Y
+	@status=0; summary=(); \
+	for version in $(UNIT_PYTHONS); do \
+		venv=.venv-py$$version; \
+		if ! python=$$(UV=$(UV) $(FIND_PYTHON) $$version); then \
+			echo "SKIPPED: the unit tier on Python $$version: NOT TESTED, no CPython $$version interpreter on this machine (uv python find, pyenv; none is downloaded)"; \
+			summary+=("Python $$version: NOT TESTED (no interpreter)"); continue; \
+		fi; \
+		echo "== the unit tier on Python $$version ($$python) in $$venv"; \
+		if UV_PYTHON=$$python UV_PROJECT_ENVIRONMENT=$(CURDIR)/$$venv $(UV) sync --locked --all-extras \
+			&& $(UV) pip install --python $$venv/bin/python --quiet --no-deps $(addprefix --editable ,$(TASK_PLUGINS)) \
+			&& $$venv/bin/python -m pytest tests/unit; then \
+			summary+=("Python $$version: passed ($$python)"); \
+		else \
+			summary+=("Python $$version: FAILED ($$python)"); status=1; \
+		fi; \
+	done; \
+	echo "== the unit tier on other Python versions:"; printf '  %s\n' "$${summary[@]}"; \
+	exit $$status
+
 .PHONY: test-integration
 test-integration: venv binaries preflight ## Tests against the devstack control plane
 	$(PY) -m pytest tests/integration
