@@ -98,6 +98,40 @@ test: venv binaries preflight e2e-images ## Everything this machine can run: uni
 test-unit: venv ## Pure-logic tests only, no cluster
 	$(PY) -m pytest tests/unit
 
+# The unit tier on the other Python versions requires-python allows (`make test` runs on $(PYTHON)),
+# each in its own .venv-pyX.Y synced from the lock (warm cache: seconds, the files hard-linked from
+# uv's cache). UNIT_PYTHONS_FULL get every extra, like .venv, and run the whole tier; UNIT_PYTHONS_LIGHT
+# get the light set and the launcher, no torch, and the tests that need a package it lacks are skipped
+# naming it (tests/unit/conftest.py): a few minutes instead of the torch tests' training runs. No
+# interpreter is downloaded: each is looked for on this machine, and one not found is reported NOT
+# TESTED with the reason, never passed.
+UNIT_PYTHONS_FULL ?= 3.13
+UNIT_PYTHONS_LIGHT ?= 3.12
+FIND_PYTHON := devstack/toolchain/find-python.sh
+
+.PHONY: test-unit-versions
+test-unit-versions: $(UV) ## The unit tier on Python 3.13 (every extra) and 3.12 (no torch) where this machine has them, in .venv-pyX.Y
+	@status=0; summary=(); \
+	for entry in $(addsuffix :light,$(UNIT_PYTHONS_LIGHT)) $(addsuffix :full,$(UNIT_PYTHONS_FULL)); do \
+		version=$${entry%%:*}; set=$${entry##*:}; venv=.venv-py$$version; \
+		if ! python=$$(UV=$(UV) $(FIND_PYTHON) $$version); then \
+			echo "SKIPPED: the unit tier on Python $$version: NOT TESTED, no CPython $$version interpreter on this machine (uv python find, pyenv; none is downloaded)"; \
+			summary+=("Python $$version ($$set): NOT TESTED (no interpreter)"); continue; \
+		fi; \
+		if [ $$set = full ]; then sync=(--all-extras); light=0; \
+		else sync=(--no-default-groups --group tools $(addprefix --extra ,$(LIGHT_EXTRAS) launcher)); light=1; fi; \
+		echo "== the unit tier on Python $$version ($$python) in $$venv ($$set)"; \
+		if UV_PYTHON=$$python UV_PROJECT_ENVIRONMENT=$(CURDIR)/$$venv $(UV) sync --locked "$${sync[@]}" \
+			&& $(UV) pip install --python $$venv/bin/python --quiet --no-deps $(addprefix --editable ,$(TASK_PLUGINS)) \
+			&& POSTTRAIN_LIGHT_VENV=$$light $$venv/bin/python -m pytest tests/unit; then \
+			summary+=("Python $$version ($$set): passed ($$python)"); \
+		else \
+			summary+=("Python $$version ($$set): FAILED ($$python)"); status=1; \
+		fi; \
+	done; \
+	echo "== the unit tier on other Python versions:"; printf '  %s\n' "$${summary[@]}"; \
+	exit $$status
+
 .PHONY: test-integration
 test-integration: venv binaries preflight ## Tests against the devstack control plane
 	$(PY) -m pytest tests/integration
