@@ -20,7 +20,8 @@ from pydantic import ValidationError
 from graders.tasks import Task, UnknownTaskError, get_task
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus
+from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, status_of
 from posttrain_operator.api.money import micro_to_usd, usd_to_micro
 from posttrain_operator.api.rules import (
     InvalidInputs,

@@ -13,7 +13,8 @@ from typing import Any
 
 from graders.tasks import Task, UnknownTaskError, get_task
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, status_of
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus
+from posttrain_operator.api.models import status_of
 from posttrain_operator.api.money import usd_to_micro
 from posttrain_operator.api.rules import (
     ENDED_PHASES,

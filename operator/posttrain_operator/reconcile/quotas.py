@@ -20,7 +20,8 @@ from typing import Any
 
 from posttrain_operator import quota
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import TERMINAL_JOB_PHASES, AgentJobStatus, EpisodeStatus, status_of
+from posttrain_operator.api.episode import EpisodeStatus
+from posttrain_operator.api.models import TERMINAL_JOB_PHASES, AgentJobStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.quota import BudgetQuotaSpec, BudgetQuotaStatus
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
