@@ -21,7 +21,7 @@ from posttrain_operator.jobspec import (
     build_request,
     validate_against_task,
 )
-from posttrain_operator.reconcile.admission import reserve_in
+from posttrain_operator.reconcile.admission_rules import reserve_in
 from posttrain_operator.reconcile.scoring import scoring_outcome
 
 from graders.tasks import get_task
