@@ -21,6 +21,7 @@ from posttrain_operator.api.models import (
     NetworkMode,
     Outcome,
     ScoreInterval,
+    micro_usd,
 )
 from posttrain_operator.api.money import USD_PATTERN
 
@@ -82,11 +83,8 @@ class EpisodeSpec(ApiModel):
 
 
 class LedgerEntry(ApiModel):
-    reserved_micro_usd: int = Field(
-        default=0,
-        alias="reservedMicroUSD",
-        ge=0,
-        description="reservedMicroUSD is this job's worst case, held.",
+    reserved_micro_usd: int = micro_usd(
+        "reservedMicroUSD", "reservedMicroUSD is this job's worst case, held."
     )
     settled_micro_usd: int | None = Field(
         default=None, alias="settledMicroUSD", ge=0,
@@ -98,23 +96,16 @@ class LedgerEntry(ApiModel):
 
 
 class Ledger(ApiModel):
-    budget_micro_usd: int = Field(
-        default=0,
-        alias="budgetMicroUSD",
-        ge=0,
-        description="budgetMicroUSD is spec.budgetUSD in micro-dollars.",
+    budget_micro_usd: int = micro_usd("budgetMicroUSD", "budgetMicroUSD is spec.budgetUSD in micro-dollars.")
+    reserved_micro_usd: int = micro_usd(
+        "reservedMicroUSD",
+        "reservedMicroUSD is the worst case of the jobs still running, held against the budget.",
     )
-    reserved_micro_usd: int = Field(
-        default=0, alias="reservedMicroUSD", ge=0,
-        description="reservedMicroUSD is the worst case of the jobs still running, held against the budget.",
-    )  # fmt: skip
-    settled_micro_usd: int = Field(
-        default=0, alias="settledMicroUSD", ge=0,
-        description="settledMicroUSD is what ended agent jobs cost (billed minutes); never above the budget.",
-    )  # fmt: skip
-    platform_micro_usd: int = Field(
-        default=0, alias="platformMicroUSD", ge=0, description="platformMicroUSD is grader spend for submit."
+    settled_micro_usd: int = micro_usd(
+        "settledMicroUSD",
+        "settledMicroUSD is what ended agent jobs cost (billed minutes); never above the budget.",
     )
+    platform_micro_usd: int = micro_usd("platformMicroUSD", "platformMicroUSD is grader spend for submit.")
     spent_usd: str = Field(
         default="0.00", alias="spentUSD", description="spentUSD is settled spend, in dollars."
     )

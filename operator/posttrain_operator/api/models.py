@@ -75,6 +75,22 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
+def micro_usd(alias: str, description: str) -> Any:
+    """A field of micro-dollars, never negative, 0 until set; the alias spells USD in capitals, as the
+    camelCase generator would not."""
+    return Field(default=0, alias=alias, ge=0, description=description)
+
+
+def job_names(max_length: int, description: str) -> Any:
+    """A field of other jobs' names, each at most once (a set to the API server too), none by default."""
+    return Field(
+        default_factory=list,
+        max_length=max_length,
+        description=description,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
 # A conditions list is a map keyed by type (as metav1.Condition lists are): a server-side apply
 # merges one condition without taking over the others, and a duplicate type is refused.
 CONDITIONS_LIST_TYPE: dict[str, Any] = {
@@ -143,19 +159,15 @@ class AgentJobSpec(ApiModel):
         pattern=NAME_PATTERN,
         description="checkpointFrom names the AgentJob whose outputs are graded (devEval and score).",
     )
-    inputs_from: list[JobName] = Field(
-        default_factory=list,
-        max_length=MAX_INPUTS_FROM,
-        description="inputsFrom names earlier Succeeded train jobs of the same episode whose outputs "
-        "this train job reads, read-only, at POSTTRAIN_INPUT_FROM_<i> in this order.",
-        json_schema_extra={"x-kubernetes-list-type": "set"},
+    inputs_from: list[JobName] = job_names(
+        MAX_INPUTS_FROM,
+        "inputsFrom names earlier Succeeded train jobs of the same episode whose outputs this train job "
+        "reads, read-only, at POSTTRAIN_INPUT_FROM_<i> in this order.",
     )
-    evidence_from: list[JobName] = Field(
-        default_factory=list,
-        max_length=MAX_LINEAGE,
-        description="evidenceFrom names the jobs whose outputs a score job screens for the hidden split "
-        "(the submission's lineage); set by the operator only.",
-        json_schema_extra={"x-kubernetes-list-type": "set"},
+    evidence_from: list[JobName] = job_names(
+        MAX_LINEAGE,
+        "evidenceFrom names the jobs whose outputs a score job screens for the hidden split (the "
+        "submission's lineage); set by the operator only.",
     )
     evidence_scripts: list[Annotated[str, Field(pattern=SHA256_PATTERN)]] = Field(
         default_factory=list,
@@ -270,12 +282,8 @@ class AgentJobStatus(ApiModel):
     submit_started_at: str | None = Field(
         default=None, description="submitStartedAt is when the last submission call began (crash-safety)."
     )
-    reserved_micro_usd: int = Field(
-        default=0, alias="reservedMicroUSD", ge=0, description="reservedMicroUSD is the worst case held."
-    )
-    settled_micro_usd: int = Field(
-        default=0, alias="settledMicroUSD", ge=0, description="settledMicroUSD is what the agent was charged."
-    )
+    reserved_micro_usd: int = micro_usd("reservedMicroUSD", "reservedMicroUSD is the worst case held.")
+    settled_micro_usd: int = micro_usd("settledMicroUSD", "settledMicroUSD is what the agent was charged.")
     spent_usd: str | None = Field(default=None, alias="spentUSD", description="spentUSD is that, in dollars.")
     reserved_usd: str | None = Field(
         default=None, alias="reservedUSD", description="reservedUSD is the reservation, in dollars."
