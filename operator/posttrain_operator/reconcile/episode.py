@@ -162,9 +162,7 @@ async def _advance(
 ) -> None:
     """The step the Episode's phase calls for, at most one per pass."""
     if status.phase in (None, "Pending"):
-        flavors = await _flavors_in_quota(ctx, body, spec, status, task)
-        if flavors != []:
-            await _start(ctx, body, spec, status, task, flavors)
+        await _start(ctx, body, spec, status, task)
     elif status.phase == "Running":
         if spec.submission is not None:
             await start_scoring(ctx, body, spec, status, task)
@@ -288,13 +286,13 @@ async def _flavors_in_quota(
 
 
 async def _start(
-    ctx: Context,
-    body: dict[str, Any],
-    spec: EpisodeSpec,
-    status: EpisodeStatus,
-    task: Task,
-    flavors: list[str] | None,
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
 ) -> None:
+    """Running, once its flavors are within the namespace's quota ([]: it failed) and no job of the
+    namespace is left with its cancellation unconfirmed."""
+    flavors = await _flavors_in_quota(ctx, body, spec, status, task)
+    if flavors == []:
+        return
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     blocking = await _blocking_orphans(ctx, namespace, name)
     if blocking:
