@@ -1,5 +1,5 @@
 """Watch-fed copies of the gateway namespace's Episodes and AgentJobs, so a tool call reads them without
-a round trip to the API server (`kube.Mirror` keeps a `Store` filled; nothing here calls the API).
+a round trip to the API server (`kube_mirror.Mirror` keeps a `Store` filled; nothing here calls the API).
 
 A store never goes backwards. Objects arrive from the watch and also from the gateway's own reads and
 writes (a write's answer is newer than anything the watch has delivered yet); each object replaces the

@@ -14,7 +14,8 @@ from functools import cached_property
 from typing import Any
 
 from posttrain_operator.api import rules
-from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, status_of
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus
+from posttrain_operator.api.models import status_of
 from posttrain_operator.api.money import micro_to_usd
 
 from env_gateway.schemas import ServiceSpend, ToolFailure

@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Any
 
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import API_VERSION, EpisodeSpec, EpisodeStatus, status_of
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus
+from posttrain_operator.api.models import API_VERSION, status_of
 from posttrain_operator.api.money import USD_PATTERN
 from posttrain_operator.api.rules import (
     CREATED_BY_GATEWAY,
@@ -39,7 +40,8 @@ from env_gateway.parsed_views import parse_episode
 from env_gateway.provenance import ProvenanceLog, tool_call
 from env_gateway.schemas import Outcome, ToolFailure
 from env_gateway.steps import CallRefused, StepCounter, StepLimitReached
-from env_gateway.tools import TOOLS, ToolContext
+from env_gateway.tool_jobs import ToolContext
+from env_gateway.tools import TOOLS
 from env_gateway.wire import UNAVAILABLE_CODE
 from graders.tasks import Task, UnknownTaskError, get_task
 

@@ -74,11 +74,8 @@ class HybridMcp:
             return
         try:
             agent, body = await self._credential_then_body(token, receive)
-        except AuthFailure as exc:
-            await JsonReply(exc.body(), exc.status)(scope, receive, send)
-            return
-        except Unavailable as exc:
-            await unavailable_reply(None, exc)(scope, receive, send)
+        except (AuthFailure, Unavailable) as exc:
+            await _credential_refused(exc)(scope, receive, send)
             return
         except ToolFailure as exc:  # an agent token of an Episode whose task this gateway lacks
             await JsonReply(rpc_error(None, JSONRPC_SERVER_ERROR, exc.message, exc.as_dict()))(
@@ -182,11 +179,8 @@ class HybridMcp:
     ) -> None:
         try:
             await self.gateway.auth.agent_episode(token)
-        except AuthFailure as exc:
-            await JsonReply(exc.body(), exc.status)(scope, receive, send)
-            return
-        except Unavailable as exc:
-            await unavailable_reply(None, exc)(scope, receive, send)
+        except (AuthFailure, Unavailable) as exc:
+            await _credential_refused(exc)(scope, receive, send)
             return
         await self._hand_to_sdk(scope, receive, send, body)
 
@@ -202,6 +196,14 @@ class HybridMcp:
             return await receive()
 
         await self.sdk.handle_request(scope, replay, send)
+
+
+def _credential_refused(exc: AuthFailure | Unavailable) -> JsonReply:
+    """The reply to a request whose credential was refused, or could not be checked (no id is known
+    yet: the body is read only after)."""
+    if isinstance(exc, AuthFailure):
+        return JsonReply(exc.body(), exc.status)
+    return unavailable_reply(None, exc)
 
 
 def unavailable_reply(rid: RequestId, exc: Unavailable) -> JsonReply:

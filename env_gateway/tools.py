@@ -3,8 +3,6 @@ and counted by the choke point) and returns a typed result or raises ToolFailure
 
 from __future__ import annotations
 
-import re
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,24 +11,17 @@ from posttrain_operator.api.models import (
     API_VERSION,
     TERMINAL_JOB_PHASES,
     AgentJobSpec,
-    AgentJobStatus,
-    status_of,
 )
 from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.rules import (
-    CREATED_BY_GATEWAY,
-    CREATED_BY_LABEL,
     ENDED_PHASES,
     InvalidInputs,
     lineage_of,
-    new_job_metadata,
 )
 from pydantic import BaseModel
 
-from env_gateway.broker import BrokerClient, BrokerError, BrokerRefused
-from env_gateway.config import GatewaySettings
-from env_gateway.episode_view import EpisodeView
-from env_gateway.kube import Conflict, Kube, Refused
+from env_gateway.broker import BrokerError, BrokerRefused
+from env_gateway.kube import Conflict, Refused
 from env_gateway.schemas import (
     Args,
     ArtifactResult,
@@ -51,106 +42,15 @@ from env_gateway.schemas import (
     ToolFailure,
     WaitResult,
 )
-
-# Phases after which admission has been decided.
-DECIDED_PHASES = frozenset({"Admitted", "Running", "Orphaned"} | TERMINAL_JOB_PHASES)
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    kube: Kube
-    broker: BrokerClient
-    settings: GatewaySettings
-    episode: EpisodeView
-
-
-def _snake(reason: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", reason).lower()
-
-
-def job_view(job: dict[str, Any]) -> JobView:
-    spec = job.get("spec", {})
-    status = status_of(AgentJobStatus, job.get("status"))
-    return JobView(
-        name=job["metadata"]["name"],
-        purpose=spec.get("purpose", ""),
-        phase=status.phase or "Pending",
-        reason=status.reason,
-        message=status.message,
-        flavor=spec.get("flavor"),
-        timeout_seconds=spec.get("timeoutSeconds"),
-        checkpoint_from=spec.get("checkpointFrom"),
-        inputs_from=list(spec.get("inputsFrom") or []),
-        lineage=list(status.lineage),
-        installed=[f"{p.name}=={p.version}" for p in status.packages],
-        network=status.network,
-        reserved_usd=micro_to_usd(status.reserved_micro_usd),
-        spent_usd=micro_to_usd(status.settled_micro_usd),
-        exit_code=status.exit_code,
-        started_at=status.started_at,
-        finished_at=status.finished_at,
-        artifacts=[a.model_dump() for a in status.artifacts],
-        result=status.result.model_dump(exclude_none=True) if status.result else None,
-        deleting=bool(job["metadata"].get("deletionTimestamp")),
-    )
-
-
-async def _own_job(ctx: ToolContext, name: str, *, fresh: bool = False) -> dict[str, Any]:
-    """The job, if it belongs to the caller's episode; the same error whether it is foreign or absent,
-    so one episode learns nothing about another's jobs. `fresh`: as the API server has it now."""
-    read = ctx.kube.read_agentjob if fresh else ctx.kube.get_agentjob
-    job = await read(ctx.episode.namespace, name)
-    spec = (job or {}).get("spec", {})
-    if job is None or spec.get("episode") != ctx.episode.name or spec.get("purpose") == "score":
-        raise ToolFailure("job_not_found", f"no job {name!r} in this episode", error_type="invalid_args")
-    return job
-
-
-def _refuse_if_not_running(ctx: ToolContext) -> None:
-    if ctx.episode.status.phase != "Running":
-        raise ToolFailure(
-            "episode_not_running",
-            f"the episode is {ctx.episode.status.phase or 'Pending'}; it takes no new jobs",
-        )
-
-
-async def _create_and_await_admission(ctx: ToolContext, body: dict[str, Any]) -> dict[str, Any]:
-    ep = ctx.episode
-    prefix = ep.name[:40].rstrip("-")
-    body["metadata"] = new_job_metadata(
-        f"{prefix}-{secrets.token_hex(4)}", ep.body, {CREATED_BY_LABEL: CREATED_BY_GATEWAY}
-    )
-    try:
-        job = await ctx.kube.create(ep.namespace, "agentjobs", body)
-    except Refused as exc:  # the CRD schema refused it: nothing was created
-        raise ToolFailure("invalid_job", f"the API server refused the job: {exc.detail}") from exc
-    name = job["metadata"]["name"]
-    job = await _wait_for(
-        ctx, name, job, lambda j: _phase(j) in DECIDED_PHASES, ctx.settings.submit_admission_wait_seconds
-    )
-    if _phase(job) == "Rejected":
-        status = status_of(AgentJobStatus, job.get("status"))
-        reason = status.reason or "Rejected"
-        raise ToolFailure(
-            _snake(reason),
-            status.message or reason,
-            details={"job": name, "reason": reason, "service_spend": ep.spend().model_dump()},
-        )
-    return job
-
-
-def _phase(job: dict[str, Any]) -> str:
-    return str((job.get("status") or {}).get("phase") or "Pending")
-
-
-async def _wait_for(
-    ctx: ToolContext, name: str, job: dict[str, Any], done: Callable[[dict[str, Any]], bool], seconds: float
-) -> dict[str, Any]:
-    """Until `done(job)` or the timeout (woken by the mirror's watch); the newest version seen, or the
-    last one if the job went away meanwhile."""
-    seen = await ctx.kube.wait_for(ctx.episode.namespace, "agentjobs", name, done, seconds)
-    return seen or job
-
+from env_gateway.tool_jobs import (
+    ToolContext,
+    create_and_await_admission,
+    job_view,
+    own_job,
+    phase_of,
+    refuse_if_not_running,
+    wait_for_job,
+)
 
 # --- the tools ---------------------------------------------------------------------------------
 
@@ -177,7 +77,7 @@ async def task_info(ctx: ToolContext, _: NoArgs) -> dict[str, Any]:
 
 
 async def jobs_submit(ctx: ToolContext, args: SubmitJobArgs) -> JobResult:
-    _refuse_if_not_running(ctx)
+    refuse_if_not_running(ctx)
     ep = ctx.episode
     refused = ep.task.package_refusal(args.packages)
     if refused is not None:  # the operator refuses it too; nothing is created
@@ -194,9 +94,7 @@ async def jobs_submit(ctx: ToolContext, args: SubmitJobArgs) -> JobResult:
     if args.inputs_from:
         spec["inputsFrom"] = args.inputs_from
         await _check_inputs(ctx, AgentJobSpec.model_validate(spec))
-    job = await _create_and_await_admission(
-        ctx, {"apiVersion": API_VERSION, "kind": "AgentJob", "spec": spec}
-    )
+    job = await create_and_await_admission(ctx, {"apiVersion": API_VERSION, "kind": "AgentJob", "spec": spec})
     return JobResult(job=job_view(job))
 
 
@@ -212,8 +110,8 @@ async def _check_inputs(ctx: ToolContext, spec: AgentJobSpec) -> None:
 
 
 async def dev_evaluate(ctx: ToolContext, args: DevEvaluateArgs) -> JobResult:
-    _refuse_if_not_running(ctx)
-    source = await _own_job(ctx, args.job)
+    refuse_if_not_running(ctx)
+    source = await own_job(ctx, args.job)
     if source["spec"].get("purpose") != "train":
         raise ToolFailure("invalid_job", f"{args.job!r} is not a train job", error_type="invalid_args")
     ep = ctx.episode
@@ -230,16 +128,14 @@ async def dev_evaluate(ctx: ToolContext, args: DevEvaluateArgs) -> JobResult:
         "timeoutSeconds": args.timeout_seconds,
         "checkpointFrom": args.job,
     }
-    job = await _create_and_await_admission(
-        ctx, {"apiVersion": API_VERSION, "kind": "AgentJob", "spec": spec}
-    )
+    job = await create_and_await_admission(ctx, {"apiVersion": API_VERSION, "kind": "AgentJob", "spec": spec})
     return JobResult(job=job_view(job))
 
 
 async def jobs_status(ctx: ToolContext, args: JobsStatusArgs) -> JobsResult:
     ep = ctx.episode
     if args.job is not None:
-        return JobsResult(jobs=[job_view(await _own_job(ctx, args.job))])
+        return JobsResult(jobs=[job_view(await own_job(ctx, args.job))])
     jobs = [
         j for j in await ctx.kube.list_agentjobs(ep.namespace, ep.name) if j["spec"].get("purpose") != "score"
     ]
@@ -287,9 +183,9 @@ async def jobs_wait(ctx: ToolContext, args: JobsWaitArgs) -> WaitResult:
             reward_interval=_interval(status.get("rewardInterval")),
             integrity=(status.get("integrity") or {}).get("label"),
         )
-    job = await _own_job(ctx, args.job)
-    job = await _wait_for(ctx, args.job, job, lambda j: _phase(j) in TERMINAL_JOB_PHASES, timeout)
-    return WaitResult(finished=_phase(job) in TERMINAL_JOB_PHASES, job=job_view(job))
+    job = await own_job(ctx, args.job)
+    job = await wait_for_job(ctx, args.job, job, lambda j: phase_of(j) in TERMINAL_JOB_PHASES, timeout)
+    return WaitResult(finished=phase_of(job) in TERMINAL_JOB_PHASES, job=job_view(job))
 
 
 def _interval(interval: dict[str, str] | None) -> list[str] | None:
@@ -299,10 +195,10 @@ def _interval(interval: dict[str, str] | None) -> list[str] | None:
 async def _wait_for_any_change(ctx: ToolContext, names: list[str], seconds: float) -> WaitResult:
     """Until any named job is in another phase than at the start (or is gone), or all have finished."""
     names = list(dict.fromkeys(names))
-    start = {name: _phase(await _own_job(ctx, name)) for name in names}
+    start = {name: phase_of(await own_job(ctx, name)) for name in names}
 
     def changed(seen: dict[str, dict[str, Any] | None]) -> list[str]:
-        return [n for n in names if seen[n] is None or _phase(seen[n] or {}) != start[n]]
+        return [n for n in names if seen[n] is None or phase_of(seen[n] or {}) != start[n]]
 
     def done(seen: dict[str, dict[str, Any] | None]) -> bool:
         return bool(changed(seen)) or all(p in TERMINAL_JOB_PHASES for p in start.values())
@@ -317,7 +213,7 @@ async def _wait_for_any_change(ctx: ToolContext, names: list[str], seconds: floa
 
 
 async def jobs_logs(ctx: ToolContext, args: JobsLogsArgs) -> LogsResult:
-    await _own_job(ctx, args.job)
+    await own_job(ctx, args.job)
     try:
         lines, truncated = await ctx.broker.logs(ctx.episode.namespace, args.job, args.tail)
     except BrokerError as exc:
@@ -326,7 +222,7 @@ async def jobs_logs(ctx: ToolContext, args: JobsLogsArgs) -> LogsResult:
 
 
 async def jobs_read_artifact(ctx: ToolContext, args: ReadArtifactArgs) -> ArtifactResult:
-    await _own_job(ctx, args.job)
+    await own_job(ctx, args.job)
     try:
         found = await ctx.broker.read_artifact(ctx.episode.namespace, args.job, args.path)
     except BrokerRefused as exc:
@@ -341,10 +237,10 @@ CANCEL_ATTEMPTS = 8
 
 
 async def jobs_cancel(ctx: ToolContext, args: JobArgs) -> CancelResult:
-    job = await _own_job(ctx, args.job)
+    job = await own_job(ctx, args.job)
     for _ in range(CANCEL_ATTEMPTS):
-        if _phase(job) in TERMINAL_JOB_PHASES:
-            return CancelResult(job=args.job, cancelling=False, message=f"already {_phase(job)}")
+        if phase_of(job) in TERMINAL_JOB_PHASES:
+            return CancelResult(job=args.job, cancelling=False, message=f"already {phase_of(job)}")
         # Deleting is the cancel: the operator's finalizer stops the backend job and settles its cost
         # before the object goes; jobs_status keeps reporting it (then from the ledger). Only the job
         # as read is deleted: one that finished meanwhile keeps its outputs (it can still be submitted).
@@ -352,7 +248,7 @@ async def jobs_cancel(ctx: ToolContext, args: JobArgs) -> CancelResult:
             version = job["metadata"]["resourceVersion"]
             await ctx.kube.delete_agentjob(ctx.episode.namespace, args.job, version)
         except Conflict:
-            job = await _own_job(ctx, args.job, fresh=True)
+            job = await own_job(ctx, args.job, fresh=True)
             continue
         return CancelResult(
             job=args.job,
@@ -368,12 +264,12 @@ async def submit(ctx: ToolContext, args: JobArgs) -> SubmitResult:
         raise ToolFailure(
             "already_submitted", f"this episode already submitted {ep.spec.submission.checkpoint_from!r}"
         )
-    _refuse_if_not_running(ctx)
-    job = await _own_job(ctx, args.job)
-    if job["spec"].get("purpose") != "train" or _phase(job) != "Succeeded":
+    refuse_if_not_running(ctx)
+    job = await own_job(ctx, args.job)
+    if job["spec"].get("purpose") != "train" or phase_of(job) != "Succeeded":
         raise ToolFailure(
             "invalid_submission",
-            f"{args.job!r} must be a Succeeded train job (it is {_phase(job)})",
+            f"{args.job!r} must be a Succeeded train job (it is {phase_of(job)})",
             error_type="invalid_args",
         )
     try:

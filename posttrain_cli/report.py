@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: reports are files
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from posttrain_operator.api import provenance
@@ -119,8 +120,8 @@ def _png(fig: Figure) -> bytes:
 
 def episode_figure(ep: Obj, jobs: list[Obj], now: datetime) -> bytes:
     """The episode's figure as PNG bytes: the jobs' timeline, the cumulative spend against the
-    budget, and the jobs submitted against the steps counted. One function of about 60 lines on
-    purpose: the three panels share their x axis and span, and matplotlib's calls read best in order."""
+    budget, and the jobs submitted against the steps counted. The three panels share their x axis and
+    span, drawn in order, one function each."""
     status = ep.get("status") or {}
     ledger = status.get("ledger") or {}
     budget = int(ledger.get("budgetMicroUSD") or 0)
@@ -134,6 +135,13 @@ def episode_figure(ep: Obj, jobs: list[Obj], now: datetime) -> bytes:
         f"reward {reward if reward is not None else '-'}"
     )
 
+    _timeline_panel(timeline, found, span)
+    _spend_panel(spend, ep, found, span, budget)
+    _steps_panel(steps, found, span, int(status.get("steps") or 0))
+    return _png(fig)
+
+
+def _timeline_panel(timeline: Axes, found: list[Bar], span: float) -> None:
     ordered = sorted(found, key=lambda b: (_purpose_rank(b.purpose), b.start, b.name))
     for row, bar in enumerate(ordered):
         width = max(bar.end - bar.start, span * 0.01)  # a job shorter than a pixel still shows
@@ -148,6 +156,8 @@ def episode_figure(ep: Obj, jobs: list[Obj], now: datetime) -> bytes:
             handles=[Patch(color=PHASE_COLORS.get(p, "#333333"), label=p) for p in seen], fontsize=7
         )
 
+
+def _spend_panel(spend: Axes, ep: Obj, found: list[Bar], span: float, budget: int) -> None:
     curve = spend_curve(ep, found)
     curve.append((span, curve[-1][1]))
     spend.plot(
@@ -167,6 +177,8 @@ def episode_figure(ep: Obj, jobs: list[Obj], now: datetime) -> bytes:
     spend.set_title(title)
     spend.legend(fontsize=7)
 
+
+def _steps_panel(steps: Axes, found: list[Bar], span: float, final_steps: int) -> None:
     agent = sorted(b.start for b in found if b.purpose != "score")
     xs, ys = [0.0], [0]
     for i, start in enumerate(agent, 1):
@@ -175,14 +187,12 @@ def episode_figure(ep: Obj, jobs: list[Obj], now: datetime) -> bytes:
     xs.append(span)
     ys.append(ys[-1])
     steps.plot(xs, ys, color=STEPS_COLOR, linewidth=2, label="jobs submitted")
-    final_steps = int(status.get("steps") or 0)
     steps.scatter(
         [span], [final_steps], color=BUDGET_COLOR, zorder=3, label=f"steps at the end: {final_steps}"
     )
     steps.set_title("jobs submitted over time (each a tool call), and the steps counted")
     steps.set_xlabel("seconds since the episode started")
     steps.legend(fontsize=7)
-    return _png(fig)
 
 
 def _purpose_rank(purpose: str) -> int:

@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub.hf_api import RepoFile, RepoSibling
 
 HUB_ONLY = ".gitattributes"
+
+
+@dataclass(frozen=True)
+class RepoAtCommit:
+    """A repo at a revision (a tag), and the commit the Hub has under it: what mirroring and publishing
+    report of each repo."""
+
+    kind: str
+    repo_id: str
+    revision: str
+    commit: str
 
 
 CHUNK = 1 << 20

@@ -20,16 +20,12 @@ from pathlib import Path
 from huggingface_hub import HfApi, snapshot_download
 
 from graders.assets import Progress, task_repos
-from graders.assets.hub_files import HUB_ONLY, local_ids, remote_ids, same_files
+from graders.assets.hub_files import HUB_ONLY, RepoAtCommit, local_ids, remote_ids, same_files
 from graders.tasks import RepoRef, get_task
 
 
 @dataclass(frozen=True)
-class Mirrored:
-    kind: str
-    repo_id: str
-    revision: str
-    commit: str
+class Mirrored(RepoAtCommit):
     path: str
     downloaded: bool
 

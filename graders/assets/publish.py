@@ -12,23 +12,18 @@ The endpoint and the token are huggingface_hub's own: HF_ENDPOINT and HF_TOKEN (
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import HfApi
 from huggingface_hub.hf_api import RepoFile
 
 from graders.assets import LocalRepo, Progress, build_repos, materialize_assets, task_builders
-from graders.assets.hub_files import local_ids, remote_ids, same_files
+from graders.assets.hub_files import RepoAtCommit, local_ids, remote_ids, same_files
 from graders.tasks import LOCAL_ASSETS_REVISION, RepoRef
 
 
-@dataclass(frozen=True)
-class Published:
-    kind: str
-    repo_id: str
-    revision: str
-    commit: str
+class Published(RepoAtCommit):
+    """A published repo: its tag and the commit it names."""
 
 
 class PublishError(RuntimeError):

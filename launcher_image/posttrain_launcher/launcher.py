@@ -14,7 +14,6 @@ import secrets
 import selectors
 import shutil
 import signal
-import stat
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ from types import FrameType
 
 from . import egress, environment, joblog, network, packages, sandbox
 from .bounds import Bounds, BoundsError, cgroup_memory_limit, derive_bounds
+from .outputs import clear_outputs, file_at, tree_size
 from .spec import ROOT_ENV, JobSpec, SpecError, host_path, load_spec
 
 PREFIX = joblog.PREFIX
@@ -86,33 +86,11 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
     except (SpecError, packages.PackagePolicyError, BoundsError, network.NetworkRefused) as exc:
         raise Refusal(str(exc)) from None
 
-    root = environ.get(ROOT_ENV, "/") or "/"
-    if not os.path.isabs(root) or not os.path.isdir(root):
-        raise Refusal(f"{ROOT_ENV}={root!r} is not an existing absolute directory")
-    inputs = {name: host_path(root, path) for name, path in spec.inputs.items()}
-    for name, path in inputs.items():
-        if not os.path.exists(path):
-            raise Refusal(f"input {name!r} not found at {path}")
-    output_dir = host_path(root, spec.output_dir)
-    try:
-        os.makedirs(output_dir, exist_ok=True)
-        _chown_to_job(output_dir)
-    except OSError as exc:
-        raise Refusal(f"cannot prepare output dir {output_dir}: {exc}") from None
+    root, inputs, output_dir = _host_paths(environ, spec)
 
     scratch = tempfile.mkdtemp(prefix="posttrain-job-")
     try:
-        os.chmod(scratch, 0o711)
-        private = os.path.join(scratch, secrets.token_hex(16))
-        os.mkdir(private, 0o700)
-        _chown_to_job(private)
-        for sub in ("home", "tmp"):
-            os.mkdir(os.path.join(private, sub), 0o700)
-            _chown_to_job(os.path.join(private, sub))
-        script = os.path.join(scratch, "script.py")
-        with open(script, "w", encoding="utf-8", errors="surrogatepass") as fh:
-            fh.write(spec.script)
-        os.chmod(script, 0o444)
+        private, script = _lay_out_scratch(scratch, spec.script)
         package_dir = None
         if requirements:
             package_dir = os.path.join(scratch, "packages")
@@ -140,6 +118,41 @@ def prepare(environ: Mapping[str, str]) -> PreparedJob:
         raise
     cwd = scratch if spec.role == "grader" else env["HOME"]
     return PreparedJob(spec, scratch, private, script, cwd, output_dir, inputs, env, bounds, net, log_fd)
+
+
+def _host_paths(environ: Mapping[str, str], spec: JobSpec) -> tuple[str, dict[str, str], str]:
+    """The root the job's paths are under, its inputs (each must exist) and its output dir (made, the
+    job's), as paths on this host."""
+    root = environ.get(ROOT_ENV, "/") or "/"
+    if not os.path.isabs(root) or not os.path.isdir(root):
+        raise Refusal(f"{ROOT_ENV}={root!r} is not an existing absolute directory")
+    inputs = {name: host_path(root, path) for name, path in spec.inputs.items()}
+    for name, path in inputs.items():
+        if not os.path.exists(path):
+            raise Refusal(f"input {name!r} not found at {path}")
+    output_dir = host_path(root, spec.output_dir)
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        _chown_to_job(output_dir)
+    except OSError as exc:
+        raise Refusal(f"cannot prepare output dir {output_dir}: {exc}") from None
+    return root, inputs, output_dir
+
+
+def _lay_out_scratch(scratch: str, source: str) -> tuple[str, str]:
+    """In `scratch`: the job's private dir (home and tmp, the job's, 0700) and its script (root, 0444)."""
+    os.chmod(scratch, 0o711)
+    private = os.path.join(scratch, secrets.token_hex(16))
+    os.mkdir(private, 0o700)
+    _chown_to_job(private)
+    for sub in ("home", "tmp"):
+        os.mkdir(os.path.join(private, sub), 0o700)
+        _chown_to_job(os.path.join(private, sub))
+    script = os.path.join(scratch, "script.py")
+    with open(script, "w", encoding="utf-8", errors="surrogatepass") as fh:
+        fh.write(source)
+    os.chmod(script, 0o444)
+    return private, script
 
 
 def copy_script(output_dir: str, script: str) -> None:
@@ -197,30 +210,6 @@ def _check_access(job: PreparedJob) -> None:
             raise sandbox.SandboxError(f"input {name!r} ({path}) is writable by the job, not read-only")
 
 
-def tree_size(path: str, stop_above: int) -> int:
-    """Apparent size of every non-directory entry under `path`, symlinks not followed.
-
-    Stops counting once past `stop_above`. Sparse files count at full size on purpose: that is
-    what an upload of the artifact would move.
-    """
-    total = 0
-    stack = [path]
-    while stack and total <= stop_above:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                else:
-                    total += entry.stat(follow_symlinks=False).st_size
-            except OSError:
-                continue
-    return total
-
-
 def _exit_code(status: int) -> int:
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
@@ -229,30 +218,6 @@ def _exit_code(status: int) -> int:
         _say(f"the job was killed by {name}{hint}")
         return 128 - code
     return code
-
-
-def file_at(roots: list[str], size: int) -> str | None:
-    """A regular file of exactly `size` bytes under `roots` (os.walk follows no link), if any: one a write
-    past RLIMIT_FSIZE stopped at. (Python ignores SIGXFSZ, so such a job sees EFBIG, not a kill.)"""
-    for root in roots:
-        for parent, _, files in os.walk(root):
-            for name in files:
-                with contextlib.suppress(OSError):
-                    st = os.lstat(os.path.join(parent, name))
-                    if stat.S_ISREG(st.st_mode) and st.st_size == size:
-                        return os.path.relpath(os.path.join(parent, name), root)
-    return None
-
-
-def clear_outputs(output_dir: str) -> None:
-    """Remove everything the job left in its outputs, so nothing of a stopped job is published. Runs
-    once no process of the job is left; never follows a link (rmtree works from directory fds)."""
-    for entry in os.scandir(output_dir):
-        with contextlib.suppress(FileNotFoundError):
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
-            else:
-                os.unlink(entry.path)
 
 
 def _start(job: PreparedJob) -> tuple[int, int, int]:
@@ -328,7 +293,15 @@ def run(job: PreparedJob) -> int:
             os.close(fd)
         forward(signal.SIGKILL, None)  # descendants the job left behind
         log.close(sys.stderr.fileno())
-    code = _exit_code(status)
+    return _outcome(job, _exit_code(status), over_cap=over_cap, over_scratch=over_scratch)
+
+
+def _outcome(job: PreparedJob, code: int, *, over_cap: bool, over_scratch: bool) -> int:
+    """The launcher's exit code: a cap the job passed (its outputs removed where that cap is theirs or
+    the scratch's), else the job's own."""
+    limits = job.spec.limits
+    cap = limits.max_output_bytes
+    scratch_cap = limits.max_scratch_bytes
     if over_cap or tree_size(job.output_dir, cap) > cap:
         clear_outputs(job.output_dir)
         _say(f"error: the job's outputs passed max_output_bytes ({cap}); it was stopped, its outputs removed")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from graders.job_limits import JobLimits
 from graders.tasks import (
     AGENT_INPUT_MODEL,
     GRADER_INPUT_BASE_MODEL,
@@ -126,6 +128,80 @@ def _outputs_of(namespace: str, episode: str, job: str, root: str) -> OutputMoun
     )
 
 
+@dataclass
+class _Mounts:
+    """What a job reads, gathered as its purpose calls for; `inputs` names each for the launcher."""
+
+    inputs: dict[str, str] = field(default_factory=dict)
+    repos: list[RepoMount] = field(default_factory=list)
+    inputs_from: list[OutputMount] = field(default_factory=list)
+    wheels_from: list[StagedWheels] = field(default_factory=list)
+
+    def add_outputs(self, name: str, mount: OutputMount) -> None:
+        self.inputs_from.append(mount)
+        self.inputs[name] = mount.mount_path
+
+
+def _agent_launcher(
+    spec: AgentJobSpec, task: Task, namespace: str, network: NetworkMode, limits: JobLimits, mounts: _Mounts
+) -> dict[str, Any]:
+    """A train job's launcher fields; its mounts: the base model, the outputs it reads, the datasets."""
+    if task.base_model is not None:
+        mounts.repos.append(_mount(AGENT_INPUT_MODEL, task.base_model))
+    for index, source in enumerate(spec.inputs_from):
+        mounts.add_outputs(
+            input_from_name(index), _outputs_of(namespace, spec.episode, source, INPUTS_FROM_ROOT)
+        )
+    names = spec.datasets or sorted(task.agent_datasets)
+    mounts.repos += [_mount(name, task.agent_datasets[name]) for name in names]
+    return {
+        "role": "agent",
+        "network": network,
+        "script": spec.script,
+        "packages": list(spec.packages),
+        "limits": limits.launcher_limits(),
+    }
+
+
+def _grader_launcher(
+    spec: AgentJobSpec, task: Task, namespace: str, uid: str, limits: JobLimits, mounts: _Mounts
+) -> dict[str, Any]:
+    """A grader job's launcher fields; its mounts: the base model, the split, the checkpoint, and (a
+    score job) the submission's lineage with its staged wheels."""
+    assert spec.checkpoint_from is not None  # validate_against_task guarantees it
+    if task.base_model is not None:
+        mounts.repos.append(_mount(GRADER_INPUT_BASE_MODEL, task.base_model))
+    purpose: GraderPurpose = "score" if spec.purpose == "score" else "devEval"
+    split = task.grader_split(purpose)
+    mounts.repos.append(_mount(GRADER_INPUT_SPLIT, split))
+    checkpoint = OutputMount(
+        prefix=output_prefix(namespace, spec.episode, spec.checkpoint_from),
+        mount_path=f"{INPUTS_ROOT}/{GRADER_INPUT_CHECKPOINT}",
+        read_only=True,
+    )
+    mounts.add_outputs(GRADER_INPUT_CHECKPOINT, checkpoint)
+    for index, source in enumerate(spec.evidence_from):
+        mounts.add_outputs(
+            evidence_input_name(index), _outputs_of(namespace, spec.episode, source, EVIDENCE_ROOT)
+        )
+    for index, staged in enumerate(spec.evidence_wheels):
+        wheels = StagedWheels(key=staged.key, mount_path=f"{WHEELS_EVIDENCE_ROOT}/{staged.job}")
+        mounts.wheels_from.append(wheels)
+        mounts.inputs[wheels_input_name(index)] = wheels.mount_path
+    return {
+        "role": "grader",
+        "script": task.grader_script(
+            purpose,
+            sample_seed=sample_seed(uid) if purpose == "devEval" else None,
+            scripts=list(
+                zip([spec.checkpoint_from, *spec.evidence_from], spec.evidence_scripts, strict=False)
+            ),
+        ),
+        "packages": [],
+        "limits": limits.launcher_limits(),
+    }
+
+
 def build_request(
     *,
     spec: AgentJobSpec,
@@ -139,62 +215,14 @@ def build_request(
     """The backend-neutral request; `network` is the agent job's mode (grader jobs: unix always);
     `environment_images` maps the task's environment names to images (the episode's start checked
     that the task's are there)."""
-    inputs: dict[str, str] = {}
-    repos: list[RepoMount] = []
-    inputs_from: list[OutputMount] = []
-    wheels_from: list[StagedWheels] = []
+    mounts = _Mounts()
     launcher: dict[str, Any] = {"version": 1, "output_dir": OUTPUT_DIR}
     limits = task.agent_job_limits if spec.purpose == "train" else task.grader_job_limits
     if spec.purpose == "train":
-        if task.base_model is not None:
-            repos.append(_mount(AGENT_INPUT_MODEL, task.base_model))
-        for index, source in enumerate(spec.inputs_from):
-            mount = _outputs_of(namespace, spec.episode, source, INPUTS_FROM_ROOT)
-            inputs_from.append(mount)
-            inputs[input_from_name(index)] = mount.mount_path
-        names = spec.datasets or sorted(task.agent_datasets)
-        repos += [_mount(name, task.agent_datasets[name]) for name in names]
-        launcher |= {
-            "role": "agent",
-            "network": network,
-            "script": spec.script,
-            "packages": list(spec.packages),
-            "limits": limits.launcher_limits(),
-        }
+        launcher |= _agent_launcher(spec, task, namespace, network, limits, mounts)
     else:
-        assert spec.checkpoint_from is not None  # validate_against_task guarantees it
-        if task.base_model is not None:
-            repos.append(_mount(GRADER_INPUT_BASE_MODEL, task.base_model))
-        purpose: GraderPurpose = "score" if spec.purpose == "score" else "devEval"
-        split = task.grader_split(purpose)
-        repos.append(_mount(GRADER_INPUT_SPLIT, split))
-        checkpoint = OutputMount(
-            prefix=output_prefix(namespace, spec.episode, spec.checkpoint_from),
-            mount_path=f"{INPUTS_ROOT}/{GRADER_INPUT_CHECKPOINT}",
-            read_only=True,
-        )
-        inputs_from.append(checkpoint)
-        inputs[GRADER_INPUT_CHECKPOINT] = checkpoint.mount_path
-        for index, source in enumerate(spec.evidence_from):
-            mount = _outputs_of(namespace, spec.episode, source, EVIDENCE_ROOT)
-            inputs_from.append(mount)
-            inputs[evidence_input_name(index)] = mount.mount_path
-        for index, staged in enumerate(spec.evidence_wheels):
-            wheels = StagedWheels(key=staged.key, mount_path=f"{WHEELS_EVIDENCE_ROOT}/{staged.job}")
-            wheels_from.append(wheels)
-            inputs[wheels_input_name(index)] = wheels.mount_path
-        launcher |= {
-            "role": "grader",
-            "script": task.grader_script(
-                purpose,
-                sample_seed=sample_seed(uid) if purpose == "devEval" else None,
-                scripts=list(
-                    zip([spec.checkpoint_from, *spec.evidence_from], spec.evidence_scripts, strict=False)
-                ),
-            ),
-            "packages": [],
-            "limits": limits.launcher_limits(),
-        }
+        launcher |= _grader_launcher(spec, task, namespace, uid, limits, mounts)
+    inputs, repos = mounts.inputs, mounts.repos
     for repo in repos:
         inputs[repo.mount_path.rsplit("/", 1)[-1]] = repo.mount_path
     launcher["inputs"] = dict(sorted(inputs.items()))
@@ -210,8 +238,8 @@ def build_request(
         launcher_spec=launcher,
         repos=tuple(repos),
         outputs=OutputMount(prefix=output_prefix(namespace, spec.episode, job_name), mount_path=OUTPUT_DIR),
-        inputs_from=tuple(inputs_from),
-        wheels_from=tuple(wheels_from),
+        inputs_from=tuple(mounts.inputs_from),
+        wheels_from=tuple(mounts.wheels_from),
         scratch_bytes=limits.scratch_bytes,
         image=image,
         environment=environment,

@@ -15,8 +15,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from posttrain_operator import client_environment
+from posttrain_operator.api.episode import EpisodeStatus
 from posttrain_operator.api.judging import JudgeFindingStatus
-from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, ApiModel, EpisodeStatus, status_of
+from posttrain_operator.api.models import GROUP, VERSION, AgentJobStatus, ApiModel, status_of
 from posttrain_operator.api.quota import QUOTA_NAME, BudgetQuotaStatus
 
 MERGE_PATCH = "application/merge-patch+json"

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from posttrain_operator.api.models import Ledger, LedgerEntry
+from posttrain_operator.api.episode import Ledger, LedgerEntry
 from posttrain_operator.api.money import micro_to_usd
 
 

@@ -9,11 +9,12 @@ from the last body each watch or pass delivered, so it costs nothing per reconci
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
@@ -74,32 +75,40 @@ class WatchView:
             self.quotas[namespace] = seen
 
     def observe_episode(self, body: Mapping[str, Any], deleted: bool = False) -> None:
-        meta, status = body["metadata"], body.get("status") or {}
-        key = (meta["namespace"], meta["name"])
-        if deleted:
-            self.episodes.pop(key, None)
-            return
-        ledger = status.get("ledger") or {}
-        reward = status.get("reward")
-        self.episodes[key] = EpisodeSeen(
-            charged_to=spend_labels(body),
-            phase=status.get("phase") or "Pending",
-            outcome=status.get("outcome") or NONE,
-            orphans=len(status.get("orphanedJobs") or []),
-            budget=int(ledger.get("budgetMicroUSD") or 0),
-            reserved=int(ledger.get("reservedMicroUSD") or 0),
-            settled=int(ledger.get("settledMicroUSD") or 0),
-            reward=float(reward) if reward is not None else None,
-        )
+        _keep(self.episodes, body, None if deleted else _episode_seen(body))
 
     def observe_job(self, body: Mapping[str, Any], deleted: bool = False) -> None:
-        meta, status = body["metadata"], body.get("status") or {}
-        key = (meta["namespace"], meta["name"])
-        if deleted:
-            self.jobs.pop(key, None)
-            return
+        status = body.get("status") or {}
         purpose = (body.get("spec") or {}).get("purpose") or NONE
-        self.jobs[key] = (status.get("phase") or "Pending", purpose)
+        _keep(self.jobs, body, None if deleted else (status.get("phase") or "Pending", purpose))
+
+
+Seen = TypeVar("Seen")
+
+
+def _keep(table: dict[tuple[str, str], Seen], body: Mapping[str, Any], seen: Seen | None) -> None:
+    """What the view holds of an object, by (namespace, name); None: it is gone."""
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if seen is None:
+        table.pop(key, None)
+    else:
+        table[key] = seen
+
+
+def _episode_seen(body: Mapping[str, Any]) -> EpisodeSeen:
+    status = body.get("status") or {}
+    ledger = status.get("ledger") or {}
+    reward = status.get("reward")
+    return EpisodeSeen(
+        charged_to=spend_labels(body),
+        phase=status.get("phase") or "Pending",
+        outcome=status.get("outcome") or NONE,
+        orphans=len(status.get("orphanedJobs") or []),
+        budget=int(ledger.get("budgetMicroUSD") or 0),
+        reserved=int(ledger.get("reservedMicroUSD") or 0),
+        settled=int(ledger.get("settledMicroUSD") or 0),
+        reward=float(reward) if reward is not None else None,
+    )
 
 
 class _ViewCollector(Collector):
@@ -228,38 +237,35 @@ class OperatorMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.view = WatchView()
         self.registry.register(_ViewCollector(self.view))
-        r = self.registry
-        self.reserved = Counter(
+        # Every metric below is in this registry.
+        counter = functools.partial(Counter, registry=self.registry)
+        self.reserved = counter(
             "posttrain_reserved_microdollars",
             "Micro-dollars reserved on Episode ledgers at admission, by namespace, task and backend",
             SPEND_LABELS,
-            registry=r,
         )
-        self.settled = Counter(
+        self.settled = counter(
             "posttrain_settled_microdollars",
             "Micro-dollars settled on Episode ledgers, by namespace, task and backend: payer=agent sums "
             "their settledMicroUSD, payer=platform grader jobs and overruns",
             ["payer", *SPEND_LABELS],
-            registry=r,
         )
-        self.rejections = Counter(
+        self.rejections = counter(
             "posttrain_agentjob_rejections",
             "AgentJobs refused at admission, by reason (BudgetExceeded, QuotaExceeded, ...) and namespace",
             ["reason", "namespace"],
-            registry=r,
         )
         self.admission_seconds = Histogram(
             "posttrain_admission_latency_seconds",
             "From an AgentJob's creation to its admission",
             ["purpose"],
             buckets=ADMISSION_BUCKETS,
-            registry=r,
+            registry=self.registry,
         )
-        self.reconcile_errors = Counter(
+        self.reconcile_errors = counter(
             "posttrain_reconcile_errors",
             "Reconciles that failed (and were retried), by kind and error",
             ["kind", "error"],
-            registry=r,
         )
 
     def count_settled(self, charged_to: tuple[str, str, str], agent: int, platform: int) -> None:

@@ -14,16 +14,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus
 from posttrain_operator.api.judging import JudgeFindingSpec, JudgeFindingStatus
-from posttrain_operator.api.models import (
-    GROUP,
-    MAX_SCRIPT_BYTES,
-    VERSION,
-    AgentJobSpec,
-    AgentJobStatus,
-    EpisodeSpec,
-    EpisodeStatus,
-)
+from posttrain_operator.api.models import GROUP, MAX_SCRIPT_BYTES, VERSION, AgentJobSpec, AgentJobStatus
 from posttrain_operator.api.provenance import ProvenanceSpec
 from posttrain_operator.api.quota import QUOTA_NAME, BudgetQuotaSpec, BudgetQuotaStatus
 

@@ -13,13 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from posttrain_operator.api.models import (
-    MAX_FINDINGS,
-    NAME_PATTERN,
-    ApiModel,
-    EpisodeStatus,
-    IntegrityFinding,
-)
+from posttrain_operator.api.episode import EpisodeStatus
+from posttrain_operator.api.models import MAX_FINDINGS, NAME_PATTERN, ApiModel, IntegrityFinding
 from posttrain_operator.api.rules import has_ended, integrity_of
 
 JudgePhase = Literal["Applied", "Refused"]

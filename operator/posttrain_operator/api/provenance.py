@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from posttrain_operator.api.episode import ProvenanceSummary
 from posttrain_operator.api.models import (
     EPISODE_LABEL,
     GROUP,
@@ -35,7 +36,6 @@ from posttrain_operator.api.models import (
     InstalledPackage,
     JobName,
     MountedRepo,
-    ProvenanceSummary,
 )
 
 FORMAT = "posttrain.dev/provenance/v1"

@@ -13,7 +13,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PlainSerializer, WithJsonSchema
 
-from posttrain_operator.api.models import CONDITIONS_LIST_TYPE, MAX_CONDITIONS, ApiModel, Backend, Condition
+from posttrain_operator.api.models import (
+    CONDITIONS_LIST_TYPE,
+    MAX_CONDITIONS,
+    ApiModel,
+    Backend,
+    Condition,
+    micro_usd,
+)
 from posttrain_operator.api.money import USD_PATTERN
 
 QUOTA_NAME = "default"
@@ -75,16 +82,12 @@ class QuotaReservation(ApiModel):
 
 class PeriodRecord(ApiModel):
     period: str = Field(pattern=PERIOD_KEY_PATTERN, description="period is a month (YYYY-MM) or a day.")
-    reserved_micro_usd: int = Field(
-        default=0, alias="reservedMicroUSD", ge=0, description="reservedMicroUSD is held by running jobs."
+    reserved_micro_usd: int = micro_usd("reservedMicroUSD", "reservedMicroUSD is held by running jobs.")
+    settled_micro_usd: int = micro_usd("settledMicroUSD", "settledMicroUSD is what ended agent jobs cost.")
+    platform_micro_usd: int = micro_usd(
+        "platformMicroUSD",
+        "platformMicroUSD is grader spend (and billing overruns), recorded, never refused.",
     )
-    settled_micro_usd: int = Field(
-        default=0, alias="settledMicroUSD", ge=0, description="settledMicroUSD is what ended agent jobs cost."
-    )
-    platform_micro_usd: int = Field(
-        default=0, alias="platformMicroUSD", ge=0,
-        description="platformMicroUSD is grader spend (and billing overruns), recorded, never refused.",
-    )  # fmt: skip
     jobs: int = Field(default=0, ge=0, description="jobs counts the jobs admitted in the period.")
 
 
@@ -138,26 +141,15 @@ class BudgetQuotaStatus(ApiModel):
         max_length=32,
         description="window is the period in force: a month, or the rolling window's first..last day.",
     )
-    limit_micro_usd: int = Field(
-        default=0, alias="limitMicroUSD", ge=0, description="limitMicroUSD is spec.limitUSD in micro-dollars."
+    limit_micro_usd: int = micro_usd("limitMicroUSD", "limitMicroUSD is spec.limitUSD in micro-dollars.")
+    reserved_micro_usd: int = micro_usd(
+        "reservedMicroUSD", "reservedMicroUSD is the window's running jobs' worst case."
     )
-    reserved_micro_usd: int = Field(
-        default=0, alias="reservedMicroUSD", ge=0,
-        description="reservedMicroUSD is the window's running jobs' worst case.",
-    )  # fmt: skip
-    settled_micro_usd: int = Field(
-        default=0, alias="settledMicroUSD", ge=0, description="settledMicroUSD is the window's settled spend."
+    settled_micro_usd: int = micro_usd("settledMicroUSD", "settledMicroUSD is the window's settled spend.")
+    platform_micro_usd: int = micro_usd("platformMicroUSD", "platformMicroUSD is the window's grader spend.")
+    remaining_micro_usd: int = micro_usd(
+        "remainingMicroUSD", "remainingMicroUSD is what new reservations may take in the window."
     )
-    platform_micro_usd: int = Field(
-        default=0,
-        alias="platformMicroUSD",
-        ge=0,
-        description="platformMicroUSD is the window's grader spend.",
-    )
-    remaining_micro_usd: int = Field(
-        default=0, alias="remainingMicroUSD", ge=0,
-        description="remainingMicroUSD is what new reservations may take in the window.",
-    )  # fmt: skip
     remaining_usd: str = Field(default="0.00", alias="remainingUSD", description="remainingUSD in dollars.")
     spent_usd: str = Field(
         default="0.00", alias="spentUSD", description="spentUSD is settledMicroUSD in dollars."

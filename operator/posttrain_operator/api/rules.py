@@ -15,16 +15,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus, Integrity, Ledger
 from posttrain_operator.api.models import (
     API_VERSION,
     MAX_LINEAGE,
     AgentJobSpec,
     AgentJobStatus,
-    EpisodeSpec,
-    EpisodeStatus,
-    Integrity,
     IntegrityFinding,
-    Ledger,
     status_of,
 )
 from posttrain_operator.api.models import EPISODE_LABEL as EPISODE_LABEL

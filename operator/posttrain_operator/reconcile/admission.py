@@ -5,36 +5,37 @@ One pass over a new job reads it (its Episode comes from the watch, or is read b
 ledger once while the job is adopted under its Episode (unless it was created so), and writes the
 job's status twice (admitted with its idempotency key just before the backend call; then submitted).
 Every step is idempotent and resumable from the job's status alone: the ledger entry is keyed by job
-name, so a pass retried after a crash finds its own reservation and changes nothing.
+name, so a pass retried after a crash finds its own reservation and changes nothing. What is decided
+without the API is in `admission_rules`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from graders.tasks import Task, UnknownTaskError, get_task
+from graders.tasks import Task
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, EpisodeSpec, EpisodeStatus, status_of
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus
+from posttrain_operator.api.models import AgentJobSpec, AgentJobStatus, status_of
 from posttrain_operator.api.money import micro_to_usd, usd_to_micro
 from posttrain_operator.api.rules import (
     InvalidInputs,
-    allowed_flavors,
-    grader_flavor,
-    jobs_running,
     limits_in_force,
     lineage_of,
     parse_time,
 )
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
-from posttrain_operator.jobspec import InvalidJob, idempotency_key, validate_against_task
+from posttrain_operator.jobspec import idempotency_key
 from posttrain_operator.k8s import EpisodeUpdate
 from posttrain_operator.metrics import spend_labels
+from posttrain_operator.reconcile.admission_rules import Rejection, decide_admission, reserve_in
 from posttrain_operator.reconcile.context import BackendNotEnabled, Context
 from posttrain_operator.reconcile.jobs import Retry, admitting_phases, adopt, with_condition, write_job_status
 from posttrain_operator.reconcile.quotas import (
@@ -56,91 +57,6 @@ class EpisodeCopy:
 
     body: dict[str, Any] | None
     watched: bool = False
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """Why a job is refused: a PascalCase reason clients match on, and a message for the agent."""
-
-    reason: str
-    message: str
-
-
-def decide_admission(
-    job: dict[str, Any], spec: AgentJobSpec, episode: dict[str, Any] | None
-) -> tuple[Task, EpisodeSpec, list[str]] | Rejection:
-    """Everything about a job that can be refused without the ledger."""
-    if episode is None:
-        return Rejection(cond.EPISODE_NOT_FOUND, f"episode {spec.episode!r} does not exist in this namespace")
-    ep_spec = EpisodeSpec.model_validate(episode["spec"])
-    ep_status = status_of(EpisodeStatus, episode.get("status"))
-    if spec.purpose == "score" and ep_status.scoring_job != job["metadata"]["name"]:
-        return Rejection(cond.INVALID_JOB, "score jobs are created only by the operator")
-    allowed_phases = admitting_phases(spec.purpose)
-    if ep_status.phase not in allowed_phases or episode["metadata"].get("deletionTimestamp"):
-        return Rejection(
-            cond.EPISODE_NOT_RUNNING,
-            f"episode {spec.episode!r} is {ep_status.phase or 'not started'}; no new jobs",
-        )
-    try:
-        task = get_task(ep_spec.task)
-    except UnknownTaskError as exc:
-        return Rejection(cond.INVALID_JOB, str(exc))
-    flavors = allowed_flavors(ep_spec, task, ep_status)
-    if spec.purpose != "train" and grader_flavor(ep_spec, task, ep_status) not in flavors:
-        flavors.append(grader_flavor(ep_spec, task, ep_status))
-    if spec.flavor not in flavors and spec.flavor in allowed_flavors(ep_spec, task):
-        return Rejection(
-            cond.NOT_IN_QUOTA,
-            f"flavor {spec.flavor!r} is not among the flavors the namespace's BudgetQuota allows this "
-            f"episode: {', '.join(flavors)}",
-        )
-    max_timeout = limits_in_force(ep_spec, task).max_job_timeout_seconds
-    if spec.purpose == "score":
-        max_timeout = max(max_timeout, spec.timeout_seconds)
-    try:
-        validate_against_task(spec, task, flavors, max_timeout)
-    except InvalidJob as exc:
-        return Rejection(cond.INVALID_JOB, str(exc))
-    return task, ep_spec, flavors
-
-
-def reserve_in(
-    status: EpisodeStatus,
-    job: str,
-    amount: int,
-    *,
-    platform: bool,
-    max_concurrent: int,
-    allowed_phases: frozenset[str],
-    dev_evaluation: bool = False,
-    dev_limit: int | None = None,
-) -> tuple[EpisodeStatus | None, Rejection | None]:
-    """The ledger side of admission, run inside the Episode compare-and-swap. A devEval job is counted
-    in the same write as its reservation, and refused past the task's cap (`dev_limit`)."""
-    if job in status.ledger.entries:
-        return None, None
-    if status.phase not in allowed_phases:
-        return None, Rejection(cond.EPISODE_NOT_RUNNING, f"episode is {status.phase}; no new jobs")
-    if dev_evaluation and dev_limit is not None and status.dev_evaluations >= dev_limit:
-        return None, Rejection(
-            cond.DEV_EVALUATIONS_EXHAUSTED,
-            f"this task allows {dev_limit} dev evaluations per episode; all are used",
-        )
-    if not platform:
-        active = jobs_running(status.ledger)
-        if active >= max_concurrent:
-            return None, Rejection(
-                cond.TOO_MANY_JOBS,
-                f"{active} jobs are already running; the episode allows {max_concurrent} at once",
-            )
-    reservation = ledger_math.reserve(status.ledger, job, amount, platform=platform)
-    if not reservation.admitted:
-        return None, Rejection(cond.BUDGET_EXCEEDED, reservation.message)
-    update: dict[str, Any] = {"ledger": reservation.ledger}
-    if dev_evaluation:
-        update["dev_evaluations"] = status.dev_evaluations + 1
-    return status.model_copy(update=update), None
 
 
 async def _reject(ctx: Context, job: dict[str, Any], status: AgentJobStatus, rejection: Rejection) -> None:
@@ -279,6 +195,34 @@ def _count_admission(
         ctx.metrics.admission_seconds.labels(spec.purpose).observe(max(0.0, waited))
 
 
+async def _reserve_within_quota(
+    ctx: Context,
+    job: dict[str, Any],
+    spec: AgentJobSpec,
+    held: NamespaceQuota | None,
+    amount: int,
+    reserve: Callable[[], Awaitable[EpisodeUpdate[Rejection | None]]],
+    *,
+    platform: bool,
+) -> tuple[Rejection | None, bool]:
+    """The Episode's reservation (`reserve`), on the namespace's BudgetQuota first where it has one:
+    the refusal of either (None: reserved), and whether this pass wrote the Episode's."""
+    if held is None:
+        update = await reserve()
+        return update.result, update.written
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    # The namespace's admissions take turns: a quota reservation its Episode then refuses is released
+    # before any other admission sees it, so none is refused for headroom it only seemed to lack.
+    async with ctx.locks("quota", namespace):
+        refusal = await reserve_on_quota(ctx, namespace, held, name, spec.episode, amount, platform=platform)
+        if refusal:
+            return Rejection(cond.QUOTA_EXCEEDED, refusal), False
+        update = await reserve()
+        if update.result is not None:  # released before the job is Rejected: a pass stopped
+            await release_on_quota(ctx, namespace, name)  # in between does it again
+    return update.result, update.written
+
+
 async def _reserve(
     ctx: Context,
     job: dict[str, Any],
@@ -314,6 +258,34 @@ async def _reserve(
     if update.result is not None and episode.watched:  # refused without a write: maybe a stale copy
         update = await ctx.kube.update_episode_status(namespace, spec.episode, reserve)
     return update
+
+
+def _admitted(
+    ctx: Context,
+    job: dict[str, Any],
+    status: AgentJobStatus,
+    spec: AgentJobSpec,
+    backend: str,
+    lineage: list[str],
+    reserved: int,
+    message: str,
+) -> AgentJobStatus:
+    """The job's status once admitted: its idempotency key (written before the backend call), its
+    reservation, lineage and network."""
+    status = status.model_copy(
+        update={
+            "phase": "Admitted",
+            "reason": None,
+            "message": message,
+            "backend": backend,
+            "idempotency_key": idempotency_key(job["metadata"]["uid"]),
+            "reserved_micro_usd": reserved,
+            "reserved_usd": micro_to_usd(reserved),
+            "lineage": lineage,
+            "network": ctx.job_network(backend).mode if spec.purpose == "train" else "unix",
+        }
+    )
+    return with_condition(ctx, job, status, cond.ADMITTED, True, "Reserved", message)
 
 
 async def _admit(
@@ -354,41 +326,13 @@ async def _admit(
     max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
     dev_limit = task.integrity.dev_evaluations.max_calls
     reserve = functools.partial(_reserve, ctx, job, spec, episode, amount, max_concurrent, dev_limit)
-    if held is None:
-        update = await reserve()
-    else:
-        # The namespace's admissions take turns: a quota reservation its Episode then refuses is
-        # released before any other admission sees it, so none is refused for headroom it only
-        # seemed to lack.
-        async with ctx.locks("quota", meta["namespace"]):
-            refusal = await reserve_on_quota(
-                ctx, meta["namespace"], held, meta["name"], spec.episode, amount, platform=platform
-            )
-            if refusal:
-                await _reject(ctx, job, status, Rejection(cond.QUOTA_EXCEEDED, refusal))
-                return None
-            update = await reserve()
-            if update.result is not None:  # released before the job is Rejected: a pass stopped
-                await release_on_quota(ctx, meta["namespace"], meta["name"])  # in between does it again
-    if update.result is not None:
-        await _reject(ctx, job, status, update.result)
+    refused, written = await _reserve_within_quota(ctx, job, spec, held, amount, reserve, platform=platform)
+    if refused is not None:
+        await _reject(ctx, job, status, refused)
         return None
     reserved = 0 if platform else amount
-    if update.written:  # not a pass resumed after a crash, which found its reservation made
+    if written:  # not a pass resumed after a crash, which found its reservation made
         _count_admission(ctx, job, spec, episode.body, reserved)
     message = f"reserved ${micro_to_usd(reserved)} at ${micro_to_usd(price)}/min for {spec.timeout_seconds}s"
-    status = status.model_copy(
-        update={
-            "phase": "Admitted",
-            "reason": None,
-            "message": message,
-            "backend": ep_spec.backend,
-            "idempotency_key": idempotency_key(meta["uid"]),
-            "reserved_micro_usd": reserved,
-            "reserved_usd": micro_to_usd(reserved),
-            "lineage": lineage,
-            "network": ctx.job_network(ep_spec.backend).mode if spec.purpose == "train" else "unix",
-        }
-    )
-    status = with_condition(ctx, job, status, cond.ADMITTED, True, "Reserved", message)
+    status = _admitted(ctx, job, status, spec, ep_spec.backend, lineage, reserved, message)
     return Admission(spec, task, status, message)

@@ -8,13 +8,8 @@ import logging
 from typing import Any
 
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import (
-    TERMINAL_JOB_PHASES,
-    AgentJobSpec,
-    AgentJobStatus,
-    EpisodeStatus,
-    status_of,
-)
+from posttrain_operator.api.episode import EpisodeStatus
+from posttrain_operator.api.models import TERMINAL_JOB_PHASES, AgentJobSpec, AgentJobStatus, status_of
 from posttrain_operator.backends.base import BackendError
 from posttrain_operator.reconcile.context import Context
 from posttrain_operator.reconcile.finishing import finish_agentjob

@@ -9,7 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from posttrain_operator.api.conditions import set_condition
-from posttrain_operator.api.models import Condition, JobNetwork
+from posttrain_operator.api.episode import JobNetwork
+from posttrain_operator.api.models import Condition
 from posttrain_operator.api.rules import format_time, now_utc
 from posttrain_operator.backends.base import CREDENTIALS_MISSING, CREDENTIALS_REJECTED, Backend, Health
 from posttrain_operator.config import OperatorSettings

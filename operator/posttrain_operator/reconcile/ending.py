@@ -13,14 +13,8 @@ from typing import Any
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api import provenance
-from posttrain_operator.api.models import (
-    EpisodeStatus,
-    Integrity,
-    Outcome,
-    ProvenanceSummary,
-    ScoreInterval,
-    status_of,
-)
+from posttrain_operator.api.episode import EpisodeStatus, Integrity, ProvenanceSummary
+from posttrain_operator.api.models import Outcome, ScoreInterval, status_of
 from posttrain_operator.api.rules import ENDED_PHASES, format_time, parse_time
 from posttrain_operator.backends.base import SupportsEpisodeCleanup
 from posttrain_operator.reconcile.cancellation import cancel_all

@@ -13,7 +13,8 @@ from typing import Any
 
 from graders.tasks import Task, UnknownTaskError, get_task
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, status_of
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus
+from posttrain_operator.api.models import status_of
 from posttrain_operator.api.money import usd_to_micro
 from posttrain_operator.api.rules import (
     ENDED_PHASES,
@@ -119,61 +120,71 @@ async def reconcile_episode(
             except BackendNotEnabled as exc:
                 await fail_episode(ctx, body, status, exc.reason, str(exc))
             return None
-        if status.phase in (None, "Pending") and task.requires_loopback:
-            network = ctx.job_network(spec.backend)
-            if network.mode != "loopback":
-                why = f"{spec.backend}: {network.reason}"
-                message = f"task {task.name}'s jobs need loopback networking; {why}"
-                await fail_episode(ctx, body, status, cond.NETWORK_UNAVAILABLE, message)
-                return None
-        if status.phase in (None, "Pending") and task.requires_sandbox:
-            used = dict.fromkeys([*allowed_flavors(spec, task), grader_flavor(spec, task)])  # graders too
-            bare = [f for f in used if f not in ctx.sandboxed_flavors(spec.backend)]
-            if bare:
-                message = (
-                    f"task {task.name}'s jobs must run under a sandboxing runtime; on {spec.backend}, "
-                    f"flavor(s) {', '.join(bare)} do not (pods.sandboxRuntimeClasses: "
-                    f"{', '.join(ctx.settings.pods_sandbox_runtime_classes) or 'none'})"
-                )
-                await fail_episode(ctx, body, status, cond.SANDBOX_UNAVAILABLE, message)
-                return None
-        missing = sorted(task.environments() - set(ctx.settings.environment_images))
-        if status.phase in (None, "Pending") and missing:
-            message = (
-                f"task {task.name}'s jobs run in the environment image(s) {', '.join(missing)}, which this "
-                "operator has no image for (the chart's `environments`)"
-            )
-            await fail_episode(ctx, body, status, cond.ENVIRONMENT_UNAVAILABLE, message)
-            return None
         if status.phase in (None, "Pending"):
-            flavors = await _flavors_in_quota(ctx, body, spec, status, task)
-            if flavors != []:
-                await _start(ctx, body, spec, status, task, flavors)
-        elif status.phase == "Running":
-            if spec.submission is not None:
-                await start_scoring(ctx, body, spec, status, task)
-            else:
-                end = await _limit(ctx, spec, status, task)
-                if end is not None:
-                    await end_episode(ctx, body, end)
-        elif status.phase == "Scoring":
-            await check_scoring(ctx, body, spec, status, task)
-        elif status.phase in ENDED_PHASES and _has_unsettled_jobs(status):
-            # Cancels the jobs left, and settles the entries of jobs deleted unsettled, which would
-            # otherwise hold the Episode here (never released) for good.
-            await settle_ended(ctx, body)
-        elif (
-            status.phase in ENDED_PHASES
-            and _needs_release(ctx, spec.backend, status)
-            and await release_backend_resources(ctx, body)
-        ):
-            # Every job is settled (confirmed gone); a restarted operator lands here too.
-            await set_status(ctx, body, backend_released=True)
-        elif status.phase in ENDED_PHASES and status.provenance is None:
-            await seal_provenance(ctx, body)
+            unrunnable = _unrunnable(ctx, spec, task)
+            if unrunnable is not None:
+                await fail_episode(ctx, body, status, *unrunnable)
+                return None
+        await _advance(ctx, body, spec, status, task)
         if status.orphaned_jobs:
             await collect_orphans(ctx, namespace, name)
         return None
+
+
+def _unrunnable(ctx: Context, spec: EpisodeSpec, task: Task) -> tuple[str, str] | None:
+    """Why a Pending Episode's task can never run on this operator (a condition reason and its message),
+    checked before its clock starts; None: it can."""
+    if task.requires_loopback:
+        network = ctx.job_network(spec.backend)
+        if network.mode != "loopback":
+            why = f"{spec.backend}: {network.reason}"
+            return cond.NETWORK_UNAVAILABLE, f"task {task.name}'s jobs need loopback networking; {why}"
+    if task.requires_sandbox:
+        used = dict.fromkeys([*allowed_flavors(spec, task), grader_flavor(spec, task)])  # graders too
+        bare = [f for f in used if f not in ctx.sandboxed_flavors(spec.backend)]
+        if bare:
+            return cond.SANDBOX_UNAVAILABLE, (
+                f"task {task.name}'s jobs must run under a sandboxing runtime; on {spec.backend}, "
+                f"flavor(s) {', '.join(bare)} do not (pods.sandboxRuntimeClasses: "
+                f"{', '.join(ctx.settings.pods_sandbox_runtime_classes) or 'none'})"
+            )
+    missing = sorted(task.environments() - set(ctx.settings.environment_images))
+    if missing:
+        return cond.ENVIRONMENT_UNAVAILABLE, (
+            f"task {task.name}'s jobs run in the environment image(s) {', '.join(missing)}, which this "
+            "operator has no image for (the chart's `environments`)"
+        )
+    return None
+
+
+async def _advance(
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
+) -> None:
+    """The step the Episode's phase calls for, at most one per pass."""
+    if status.phase in (None, "Pending"):
+        await _start(ctx, body, spec, status, task)
+    elif status.phase == "Running":
+        if spec.submission is not None:
+            await start_scoring(ctx, body, spec, status, task)
+        else:
+            end = await _limit(ctx, spec, status, task)
+            if end is not None:
+                await end_episode(ctx, body, end)
+    elif status.phase == "Scoring":
+        await check_scoring(ctx, body, spec, status, task)
+    elif status.phase in ENDED_PHASES and _has_unsettled_jobs(status):
+        # Cancels the jobs left, and settles the entries of jobs deleted unsettled, which would
+        # otherwise hold the Episode here (never released) for good.
+        await settle_ended(ctx, body)
+    elif (
+        status.phase in ENDED_PHASES
+        and _needs_release(ctx, spec.backend, status)
+        and await release_backend_resources(ctx, body)
+    ):
+        # Every job is settled (confirmed gone); a restarted operator lands here too.
+        await set_status(ctx, body, backend_released=True)
+    elif status.phase in ENDED_PHASES and status.provenance is None:
+        await seal_provenance(ctx, body)
 
 
 async def _idle(ctx: Context, observed: dict[str, Any]) -> datetime | None:
@@ -275,13 +286,13 @@ async def _flavors_in_quota(
 
 
 async def _start(
-    ctx: Context,
-    body: dict[str, Any],
-    spec: EpisodeSpec,
-    status: EpisodeStatus,
-    task: Task,
-    flavors: list[str] | None,
+    ctx: Context, body: dict[str, Any], spec: EpisodeSpec, status: EpisodeStatus, task: Task
 ) -> None:
+    """Running, once its flavors are within the namespace's quota ([]: it failed) and no job of the
+    namespace is left with its cancellation unconfirmed."""
+    flavors = await _flavors_in_quota(ctx, body, spec, status, task)
+    if flavors == []:
+        return
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     blocking = await _blocking_orphans(ctx, namespace, name)
     if blocking:

@@ -13,14 +13,13 @@ from graders.result import GraderResult
 from graders.tasks import RESULT_FILE
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
+from posttrain_operator.api.episode import EgressCounts, EpisodeStatus
 from posttrain_operator.api.models import (
     MAX_ARTIFACTS,
     TERMINAL_JOB_PHASES,
     AgentJobSpec,
     AgentJobStatus,
     Artifact,
-    EgressCounts,
-    EpisodeStatus,
     GradeResult,
     IntegrityFinding,
     JobRuntime,

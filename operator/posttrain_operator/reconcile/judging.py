@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from posttrain_operator.api.episode import EpisodeStatus
 from posttrain_operator.api.judging import JudgeFindingSpec, JudgeFindingStatus, judged, refused
-from posttrain_operator.api.models import EpisodeStatus
 from posttrain_operator.reconcile.context import Context
 
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import EpisodeStatus, OrphanedJob
+from posttrain_operator.api.episode import EpisodeStatus, OrphanedJob
 from posttrain_operator.api.rules import format_time
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.reconcile.context import Context

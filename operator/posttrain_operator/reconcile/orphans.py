@@ -8,7 +8,8 @@ from typing import Any
 
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import EpisodeStatus, OrphanedJob, status_of
+from posttrain_operator.api.episode import EpisodeStatus, OrphanedJob
+from posttrain_operator.api.models import status_of
 from posttrain_operator.api.rules import parse_time
 from posttrain_operator.backends.base import BackendError, Handle
 from posttrain_operator.reconcile.cancellation import cancel_agentjob

@@ -20,7 +20,8 @@ from typing import Any
 
 from posttrain_operator import quota
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import TERMINAL_JOB_PHASES, AgentJobStatus, EpisodeStatus, status_of
+from posttrain_operator.api.episode import EpisodeStatus
+from posttrain_operator.api.models import TERMINAL_JOB_PHASES, AgentJobStatus, status_of
 from posttrain_operator.api.money import micro_to_usd
 from posttrain_operator.api.quota import BudgetQuotaSpec, BudgetQuotaStatus
 from posttrain_operator.backends.base import BackendError, UnknownFlavor
@@ -148,27 +149,30 @@ async def _resolve(
     if watched is not None:  # an entry, once on the ledger, stays: the watch's copy can say so
         if entry_episode not in parsed:  # once per Episode and pass: it may hold many reservations
             parsed[entry_episode] = status_of(EpisodeStatus, watched.get("status"))
-        seen = parsed[entry_episode]
-        billed = billed_on_ledger(seen, job)
-        if billed is not None:
-            return Resolution(job, billed, "settled on its Episode's ledger")
-        if job in seen.ledger.entries:
-            return None  # running: its own pass settles it
+        decided, resolution = _on_ledger(parsed[entry_episode], job)
+        if decided:
+            return resolution
     # Anything else is decided on a fresh read: a copy older than the admission has no entry yet.
     episode = await ctx.kube.get_episode(namespace, entry_episode)
     if episode is None:
         return Resolution(job, held, f"its Episode {entry_episode} is gone; settled at the reservation")
-    status = status_of(EpisodeStatus, episode.get("status"))
-    billed = billed_on_ledger(status, job)
-    if billed is not None:
-        return Resolution(job, billed, "settled on its Episode's ledger")
-    if job in status.ledger.entries:
-        return None  # running: its own pass settles it
+    decided, resolution = _on_ledger(status_of(EpisodeStatus, episode.get("status")), job)
+    if decided:
+        return resolution
     found = await ctx.kube.get_agentjob(namespace, job)
     phase = status_of(AgentJobStatus, (found or {}).get("status")).phase
     if found is None or phase in TERMINAL_JOB_PHASES:
         return Resolution(job, None, "never admitted by its Episode; released")
     return None  # still being admitted
+
+
+def _on_ledger(status: EpisodeStatus, job: str) -> tuple[bool, Resolution | None]:
+    """Whether the job's entry on its Episode's ledger decides, and how: settled there, at the same
+    bill; still running (None), its own pass settles it. No entry: not decided."""
+    billed = billed_on_ledger(status, job)
+    if billed is not None:
+        return True, Resolution(job, billed, "settled on its Episode's ledger")
+    return job in status.ledger.entries, None
 
 
 async def reconcile_quota(ctx: Context, namespace: str) -> None:

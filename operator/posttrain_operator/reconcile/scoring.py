@@ -8,14 +8,8 @@ from typing import Any
 from graders.tasks import Task
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api import provenance
-from posttrain_operator.api.models import (
-    API_VERSION,
-    TERMINAL_JOB_PHASES,
-    AgentJobStatus,
-    EpisodeSpec,
-    EpisodeStatus,
-    status_of,
-)
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus
+from posttrain_operator.api.models import API_VERSION, TERMINAL_JOB_PHASES, AgentJobStatus, status_of
 from posttrain_operator.api.provenance import script_sha256
 from posttrain_operator.api.rules import (
     episode_owner,

@@ -11,11 +11,10 @@ from typing import Any
 
 from graders.tasks import Task, get_task
 from posttrain_operator.api import conditions as cond
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus
 from posttrain_operator.api.models import (
     AgentJobSpec,
     AgentJobStatus,
-    EpisodeSpec,
-    EpisodeStatus,
     InstalledPackage,
     MountedRepo,
     status_of,

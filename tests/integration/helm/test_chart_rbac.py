@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 from posttrain_operator.api import provenance
-from posttrain_operator.api.models import ProvenanceSummary
+from posttrain_operator.api.episode import ProvenanceSummary
 from posttrain_operator.backends.hf_replies import label_value
 
 from devstack.controlplane import cluster as devcluster

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import AgentJobSpec, EpisodeSpec, EpisodeStatus, Ledger, OrphanedJob
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus, Ledger, OrphanedJob
+from posttrain_operator.api.models import AgentJobSpec
 from posttrain_operator.jobspec import InvalidJob, build_request, validate_against_task
-from posttrain_operator.reconcile.admission import Rejection, decide_admission, reserve_in
+from posttrain_operator.reconcile.admission_rules import Rejection, decide_admission, reserve_in
 from posttrain_operator.reconcile.ending import vanished_jobs
 from posttrain_operator.reconcile.episode import limit_reached
 from posttrain_operator.reconcile.finishing import format_score

@@ -10,7 +10,8 @@ import pytest
 from posttrain_launcher.spec import MAX_INPUTS, load_spec
 from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
-from posttrain_operator.api.models import MAX_LINEAGE, AgentJobSpec, EpisodeStatus, Ledger
+from posttrain_operator.api.episode import EpisodeStatus, Ledger
+from posttrain_operator.api.models import MAX_LINEAGE, AgentJobSpec
 from posttrain_operator.api.provenance import script_sha256
 from posttrain_operator.backends.base import StagedWheels, launcher_env
 from posttrain_operator.jobspec import (
@@ -20,7 +21,7 @@ from posttrain_operator.jobspec import (
     build_request,
     validate_against_task,
 )
-from posttrain_operator.reconcile.admission import reserve_in
+from posttrain_operator.reconcile.admission_rules import reserve_in
 from posttrain_operator.reconcile.scoring import scoring_outcome
 
 from graders.tasks import get_task

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from posttrain_operator.api.episode import EpisodeStatus
 from posttrain_operator.api.judging import JudgeFindingSpec, JudgeFindingStatus, judged
-from posttrain_operator.api.models import MAX_FINDINGS, EpisodeStatus, IntegrityFinding
+from posttrain_operator.api.models import MAX_FINDINGS, IntegrityFinding
 from posttrain_operator.api.rules import integrity_of
 from pydantic import ValidationError
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from posttrain_operator import ledger
-from posttrain_operator.api.models import Ledger
+from posttrain_operator.api.episode import Ledger
 from posttrain_operator.api.money import micro_to_usd, usd_to_micro
 
 

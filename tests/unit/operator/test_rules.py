@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from posttrain_operator.api import rules
-from posttrain_operator.api.models import EpisodeSpec, EpisodeStatus, Ledger, LedgerEntry
+from posttrain_operator.api.episode import EpisodeSpec, EpisodeStatus, Ledger, LedgerEntry
 
 from graders.tasks import get_task
 

@@ -19,15 +19,14 @@ from posttrain_operator.backends.base import BackendError, JobRequest, PackagePi
 from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
 from posttrain_operator.backends.pods.manifests import pod_body
 from posttrain_operator.backends.pods.names import STORE_RO_VOLUME, wheels_subpath
-from posttrain_operator.backends.wheels import (
-    WHEELS_MOUNT,
+from posttrain_operator.backends.wheel_choice import (
     IndexFile,
     StagingError,
     choose,
     parse_index_page,
-    stage,
     target_tags,
 )
+from posttrain_operator.backends.wheels import WHEELS_MOUNT, stage
 
 from tests.package_index import build_wheel, serve_index
 
@@ -335,7 +334,7 @@ def test_a_wheel_whose_metadata_would_unpack_past_its_bound_is_refused_unread(tm
 
 def test_markers_are_evaluated_for_the_launchers_interpreter_not_the_operators() -> None:
     from packaging.markers import default_environment
-    from posttrain_operator.backends.wheels import marker_environment
+    from posttrain_operator.backends.wheel_choice import marker_environment
 
     environment = marker_environment("aarch64")
     assert set(default_environment()) <= set(environment)  # nothing left to the operator's own

@@ -189,8 +189,9 @@ def _volumes(
 
 
 def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
-    """A job's Pod, whole. One function of about 60 lines on purpose: the manifest reads top to bottom
-    as the API server receives it, and every security field of it is in view at once."""
+    """A job's Pod, whole. The manifest is in one piece on purpose: it reads top to bottom as the API
+    server receives it, and every security field of it is in view at once (the flavor's resources and
+    placement are below)."""
     flavor = config.flavors.get(request.flavor)
     if flavor is None:
         raise UnknownFlavor(request.flavor, list(config.flavors))
@@ -199,27 +200,9 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
     if request.launcher_spec.get("packages"):
         mounts.append(wheels_mount(namespace, request.key))
     mounts += [wheels_mount(namespace, staged.key, staged.mount_path) for staged in request.wheels_from]
-    limits = {"cpu": flavor.cpu, "memory": flavor.memory, "ephemeral-storage": _scratch_size(config, request)}
-    requests = {
-        **limits,
-        "cpu": flavor.cpu_request or flavor.cpu,
-        "memory": flavor.memory_request or flavor.memory,
-    }
-    if flavor.gpus:
-        # Extended resources cannot be overcommitted: the request must equal the limit.
-        limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(flavor.gpus)
     labels = pod_labels(config, request)
     if flavor.queue:
         labels[KUEUE_QUEUE_LABEL] = flavor.queue
-    placement: dict[str, Any] = {}
-    if flavor.node_selector:
-        placement["nodeSelector"] = dict(flavor.node_selector)
-    if flavor.tolerations:
-        placement["tolerations"] = [dict(t) for t in flavor.tolerations]
-    if flavor.runtime_class_name:
-        placement["runtimeClassName"] = flavor.runtime_class_name
-    if flavor.priority_class_name:
-        placement["priorityClassName"] = flavor.priority_class_name
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -249,11 +232,39 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
                 "runAsGroup": JOB_UID,
                 "seccompProfile": seccomp_profile(config, request),
             },
-            "containers": [_container(config, request, {"requests": requests, "limits": limits}, mounts)],
+            "containers": [_container(config, request, _resources(config, request, flavor), mounts)],
             "volumes": _volumes(config, request, flavor, mounts),
-            **placement,
+            **_placement(flavor),
         },
     }
+
+
+def _resources(config: PodsConfig, request: JobRequest, flavor: Flavor) -> dict[str, Any]:
+    """The container's requests and limits: the flavor's, the scratch as ephemeral storage."""
+    limits = {"cpu": flavor.cpu, "memory": flavor.memory, "ephemeral-storage": _scratch_size(config, request)}
+    requests = {
+        **limits,
+        "cpu": flavor.cpu_request or flavor.cpu,
+        "memory": flavor.memory_request or flavor.memory,
+    }
+    if flavor.gpus:
+        # Extended resources cannot be overcommitted: the request must equal the limit.
+        limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(flavor.gpus)
+    return {"requests": requests, "limits": limits}
+
+
+def _placement(flavor: Flavor) -> dict[str, Any]:
+    """Where the flavor's pods may run, and under which runtime and priority."""
+    placement: dict[str, Any] = {}
+    if flavor.node_selector:
+        placement["nodeSelector"] = dict(flavor.node_selector)
+    if flavor.tolerations:
+        placement["tolerations"] = [dict(t) for t in flavor.tolerations]
+    if flavor.runtime_class_name:
+        placement["runtimeClassName"] = flavor.runtime_class_name
+    if flavor.priority_class_name:
+        placement["priorityClassName"] = flavor.priority_class_name
+    return placement
 
 
 def _egress_env(config: PodsConfig) -> list[dict[str, Any]]:

@@ -1,0 +1,100 @@
+"""The pods backend's Kubernetes API calls, each counted, bounded in time and with its errors mapped
+to BackendError; and the pod reads and deletes that several of its steps share."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from posttrain_operator.backends.base import BackendError, CallStats, status_label
+from posttrain_operator.backends.pods.config import PodsConfig
+
+_TRANSIENT_STATUS = {0, 408, 429, 500, 502, 503, 504}
+
+
+def wire(body: dict[str, Any]) -> Any:
+    """The client serializes plain dicts as they are; its annotations only name the model classes."""
+    return body
+
+
+def job_id_of(pod: Mapping[str, Any]) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict(obj["metadata"].get("annotations") or {})
+
+
+def split_id(backend_job_id: str) -> tuple[str, str]:
+    namespace, _, name = backend_job_id.partition("/")
+    if not namespace or not name:
+        raise BackendError(f"not a pods job id (namespace/pod): {backend_job_id!r}", transient=False)
+    return namespace, name
+
+
+def _api_error(method: str, exc: ApiException) -> BackendError:
+    detail = exc.reason or ""
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        detail = json.loads(exc.body or "{}").get("message") or detail
+    # A namespace being deleted refuses new objects with 403 until it is gone; that passes.
+    transient = exc.status in _TRANSIENT_STATUS or "being terminated" in str(detail)
+    return BackendError(f"{method}: HTTP {exc.status}: {detail}"[:1000], transient=transient)
+
+
+class KubeCalls:
+    def __init__(self, config: PodsConfig, api_client: client.ApiClient, stats: CallStats) -> None:
+        self.config = config
+        self.stats = stats
+        self.core = client.CoreV1Api(api_client)
+        self.net = client.NetworkingV1Api(api_client)
+        self._to_dict: Callable[[Any], Any] = api_client.sanitize_for_serialization
+
+    @property
+    def timeout(self) -> float:
+        return self.config.request_timeout_seconds
+
+    async def call(
+        self, method: str, fn: Callable[[], Awaitable[Any]], *, passthrough: tuple[int, ...] = ()
+    ) -> Any:
+        """One API call: counted, bounded in time, errors mapped to BackendError except the HTTP
+        statuses the caller handles itself (404, 409), which raise ApiException."""
+        self.stats.count(method)
+        try:
+            result = self._to_dict(await fn())
+        except ApiException as exc:
+            self.stats.ended(method, status_label(exc))
+            if exc.status in passthrough:
+                raise
+            raise _api_error(method, exc) from exc
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self.stats.ended(method, status_label(exc))
+            raise BackendError(f"{method}: {exc!r}", transient=True) from exc
+        self.stats.ended(method, "ok")
+        return result
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            pod: dict[str, Any] = await self.call(
+                "read_namespaced_pod",
+                lambda: self.core.read_namespaced_pod(name, namespace, _request_timeout=self.timeout),
+                passthrough=(404,),
+            )
+        except ApiException:
+            return None
+        return pod
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        await self.call(
+            "delete_namespaced_pod",
+            lambda: self.core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=self.config.cancel_grace_seconds,
+                _request_timeout=self.timeout,
+            ),
+            passthrough=(404,),
+        )  # fmt: skip
