@@ -40,7 +40,8 @@ from admissions import BENCH_AGENT, GROUP, REPO, VERSION
 from kubernetes_asyncio import client, config, watch
 from posttrain_operator.api.models import TERMINAL_JOB_PHASES
 from posttrain_operator.api.rules import new_job_metadata
-from posttrain_operator.backends.hf_jobs import EPISODE_LABEL, KEY_LABEL, label_value
+from posttrain_operator.backends.hf_client import EPISODE_LABEL, KEY_LABEL
+from posttrain_operator.backends.hf_replies import label_value
 from soak_faults import FAULT_ROUTES, Timeline, backend_fault
 
 from devstack.controlplane import cluster as devcluster

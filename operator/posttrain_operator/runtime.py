@@ -13,7 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from graders.tasks import task_names
 from posttrain_operator.backends.base import CREDENTIALS_MISSING, Backend, Health, SupportsHealthCheck
-from posttrain_operator.backends.hf_jobs import HfJobsBackend, HfJobsConfig, install_client_timeout
+from posttrain_operator.backends.hf_client import HfJobsConfig, install_client_timeout
+from posttrain_operator.backends.hf_jobs import HfJobsBackend
 from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
 from posttrain_operator.backends.unavailable import UnavailableBackend
 from posttrain_operator.config import OperatorSettings

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from mcp import Client
-from posttrain_operator.backends.hf_jobs import KEY_LABEL
+from posttrain_operator.backends.hf_client import KEY_LABEL
 from posttrain_operator.backends.hf_replies import label_value
 
 from devstack.hf_emulator import HfEmulator

@@ -22,9 +22,6 @@ ALLOWED: dict[str, str] = {
         "declarative: the five CRDs (names, schemas, rules, printer columns), one _crd call each; split "
         "into a function per CRD it only repeats the same call shape five times"
     ),
-    "operator/posttrain_operator/backends/hf_jobs.py::": (
-        "status_many is being reworked on another branch; split the client once that lands"
-    ),
 }
 
 

@@ -12,15 +12,12 @@ import functools
 import random
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx2
-from huggingface_hub import HfApi, HfFileSystem, Volume, set_client_factory
+from huggingface_hub import HfApi, HfFileSystem, Volume
 from huggingface_hub.errors import JobNotFoundError
 
 from posttrain_operator.backends.base import (
@@ -38,6 +35,7 @@ from posttrain_operator.backends.base import (
     launcher_env,
     status_label,
 )
+from posttrain_operator.backends.hf_client import EPISODE_LABEL, KEY_LABEL, MANAGED_LABEL, HfJobsConfig
 from posttrain_operator.backends.hf_replies import (
     credentials_rejected,
     is_transient,
@@ -53,52 +51,6 @@ from posttrain_operator.backends.wheels import (
 )
 
 T = TypeVar("T")
-
-KEY_LABEL = "posttrain-key"
-EPISODE_LABEL = "posttrain-episode"
-MANAGED_LABEL = "posttrain-managed-by"
-
-
-@dataclass(frozen=True)
-class HfJobsConfig:
-    endpoint: str
-    token: str
-    namespace: str
-    image: str
-    bucket: str  # "<namespace>/<name>": where job outputs live
-    instance: str = "posttrain-operator"  # the managed-by label: which operator owns a job
-    http_timeout_s: float = 30.0
-    price_ttl_s: float = 600.0
-    max_attempts: int = 5
-    max_backoff_s: float = 30.0
-    # Where the operator resolves jobs' `packages` (a PEP 503/691 index, e.g. PyPI's simple API) and
-    # the private dataset repo it commits their wheels to; None: jobs with packages are refused.
-    package_index: str | None = None
-    package_repo: str | None = None  # default "<namespace>/posttrain-packages"
-    package_arch: str = "x86_64"
-    max_package_bytes: int = 1 << 30
-    staging_dir: str | None = None  # where wheels are downloaded before the commit (None: the temp dir)
-
-
-def _request_id(request: httpx2.Request) -> None:
-    # What the hub's own (private) hook adds: a trace id per request, for HF's server-side logs.
-    request.headers.setdefault("X-Amzn-Trace-Id", str(uuid.uuid4()))
-
-
-def install_client_timeout(timeout_s: float, stats: CallStats | None = None) -> None:
-    """The client's default session has no timeout, and a silent server would block a thread forever.
-    Through the public factory, so the client is ours whole: redirects, a request id, a timeout, and
-    every request (each page of a list) counted on `stats`. The factory is the process's: one backend."""
-    hooks: list[Callable[[httpx2.Request], None]] = [_request_id]
-    if stats is not None:
-        hooks.append(lambda _request: stats.sent())
-    set_client_factory(
-        lambda: httpx2.Client(
-            event_hooks={"request": hooks},
-            follow_redirects=True,
-            timeout=httpx2.Timeout(timeout_s),
-        )
-    )
 
 
 class HfJobsBackend:

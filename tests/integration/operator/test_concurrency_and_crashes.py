@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from posttrain_operator.backends.hf_jobs import KEY_LABEL
+from posttrain_operator.backends.hf_client import KEY_LABEL
 
 from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator, routes

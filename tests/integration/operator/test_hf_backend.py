@@ -15,7 +15,8 @@ import pytest
 from huggingface_hub import HfApi
 from posttrain_operator.api.models import MAX_SCRIPT_BYTES
 from posttrain_operator.backends.base import BackendError, JobRequest, OutputMount, PackagePin, UnknownFlavor
-from posttrain_operator.backends.hf_jobs import KEY_LABEL, HfJobsBackend, HfJobsConfig, install_client_timeout
+from posttrain_operator.backends.hf_client import KEY_LABEL, HfJobsConfig, install_client_timeout
+from posttrain_operator.backends.hf_jobs import HfJobsBackend
 
 from devstack.hf_emulator import HfEmulator, routes
 from devstack.hf_emulator.repos import remove_tree

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from posttrain_operator.backends.hf_jobs import KEY_LABEL
+from posttrain_operator.backends.hf_client import KEY_LABEL
 
 from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator

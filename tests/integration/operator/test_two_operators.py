@@ -9,7 +9,7 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-from posttrain_operator.backends.hf_jobs import KEY_LABEL
+from posttrain_operator.backends.hf_client import KEY_LABEL
 
 from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import HfEmulator
