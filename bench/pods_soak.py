@@ -69,7 +69,6 @@ NODE = f"{CLUSTER}-control-plane"
 RELEASE, NAMESPACE = "soak", "posttrain-soak"
 CHART = REPO / "helm" / "posttrain-operator"
 TERMINAL_PODS = {"Succeeded", "Failed"}
-SETTLE_TIMEOUT = 900.0  # after the faults stop, how long everything may take to settle
 # The operator reads its clock, then reads the pod, then asks for its deletion: how far before the
 # delete request its recorded end of a cancelled job may lie.
 CANCEL_SLACK = timedelta(seconds=15)
@@ -463,7 +462,9 @@ class Soak:
             low = high = full = 0
             lines = []
             for job in (j for j in jobs if j["spec"]["episode"] == name):
-                price = int(self.stack.flavors[job["spec"]["flavor"]]["priceMicroUSDPerMinute"])
+                price = int(
+                    self.stack.flavors.get(job["spec"]["flavor"], {}).get("priceMicroUSDPerMinute", 0)
+                )
                 for seen in by_job.get((f"{NAMESPACE}/{name}", job["metadata"]["name"]), []):
                     bill = bill_of(seen, price)
                     low, high, full = low + bill.low, high + bill.high, full + bill.full
@@ -499,7 +500,7 @@ async def soak(args: argparse.Namespace, stack: Stack) -> int:
         await asyncio.gather(run.load(args.minutes * 60), run.run_timeline())
         soaked = time.monotonic() - started
         outcome = None
-        while outcome is None and time.monotonic() - started < soaked + SETTLE_TIMEOUT:
+        while outcome is None and time.monotonic() - started < soaked + args.settle_timeout:
             with contextlib.suppress(*UNREACHABLE, client.ApiException):
                 outcome = await run.settled()
             if outcome is None:
@@ -507,7 +508,7 @@ async def soak(args: argparse.Namespace, stack: Stack) -> int:
         settle_seconds = time.monotonic() - started - soaked
         await asyncio.sleep(3)  # the pod watch's last events
         if outcome is None:
-            run.violations.append(f"not settled {SETTLE_TIMEOUT:.0f} s after the faults stopped")
+            run.violations.append(f"not settled {args.settle_timeout:.0f} s after the faults stopped")
             jobs = await run.books.list("agentjobs")
             open_episodes, open_jobs = still_open(await run.books.list("episodes"), jobs)
             run.violations += [f"  open episode {e['metadata']['name']}: {e.get('status', {}).get('phase')}"
@@ -576,6 +577,8 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=4, help="operator kills")
     parser.add_argument("--apiserver-restarts", type=int, default=2)
     parser.add_argument("--kubelet-restarts", type=int, default=3)
+    parser.add_argument("--settle-timeout", type=float, default=600.0,
+                        help="seconds everything may take to settle after the faults stop")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the kind cluster (and its release)")
     args = parser.parse_args()
     print(f"pods soak, seed {args.seed}", flush=True)
