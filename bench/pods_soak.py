@@ -62,12 +62,14 @@ from devstack.hf_emulator.repos import remove_tree
 from devstack.kind import cluster as kind
 from devstack.kind import images
 from devstack.toolchain.build import ensure_binaries
+from graders.assets import build_repos, default_assets_dir, task_builders
 from tests.e2e.support import STORE_IN_NODE, Cluster, e2e_values, stage_store
 
 CLUSTER = "posttrain-soak"  # never posttrain-e2e: CI's
 NODE = f"{CLUSTER}-control-plane"
 RELEASE, NAMESPACE = "soak", "posttrain-soak"
 CHART = REPO / "helm" / "posttrain-operator"
+TASK = "t0_artifact"  # its jobs mount only small datasets; its grader scores what a job left
 TERMINAL_PODS = {"Succeeded", "Failed"}
 # The operator reads its clock, then reads the pod, then asks for its deletion: how far before the
 # delete request its recorded end of a cancelled job may lie.
@@ -115,7 +117,9 @@ def bring_up(seed: int) -> Stack:
     base = images.choose_base()
     operator_image, launcher_image = images.build(images.OPERATOR, base), images.build(images.LAUNCHER, base)
     kind.load_images(CLUSTER, [operator_image, launcher_image])
-    stage_store(store)
+    # Only the repos of the soak's task: building every task's (a base model's pre-training among
+    # them) takes many minutes on a busy machine.
+    stage_store(store, build_repos(task_builders(TASK), default_assets_dir(), print))
     cluster = stack.cluster
     node = cluster.json("get", "nodes")["items"][0]
     stack.allocatable = node["status"]["allocatable"]
@@ -142,7 +146,7 @@ def bring_up(seed: int) -> Stack:
     # applies it, every Episode is refused.
     probe = json.dumps({
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": "policy-probe"},
-        "spec": {"task": "t0_artifact", "budgetUSD": "0.05", "backend": "pods"},
+        "spec": {"task": TASK, "budgetUSD": "0.05", "backend": "pods"},
     })  # fmt: skip
     for _ in range(120):
         dry = cluster.run("kubectl", "-n", NAMESPACE, "create", "--dry-run=server", "-f", "-", input=probe)
@@ -150,7 +154,7 @@ def bring_up(seed: int) -> Stack:
             break
         time.sleep(1)
     else:
-        raise RuntimeError(f"the task policy never admitted t0_artifact: {dry.stderr}")
+        raise RuntimeError(f"the task policy never admitted {TASK}: {dry.stderr}")
     return stack
 
 
@@ -333,7 +337,7 @@ class Soak:
         for e in range(self.args.episodes):
             wall = int(self.rng.uniform(0.4, 1.3) * self.args.minutes * 60)
             body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": f"ep{e:03d}"},
-                    "spec": {"task": "t0_artifact", "budgetUSD": self.args.budget, "backend": "pods",
+                    "spec": {"task": TASK, "budgetUSD": self.args.budget, "backend": "pods",
                              "flavors": ["cpu-basic", "cpu-upgrade", "soak-big"],
                              "limits": {"maxConcurrentJobs": 3, "maxWallSeconds": wall,
                                         "maxJobTimeoutSeconds": 300}}}  # fmt: skip
