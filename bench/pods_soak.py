@@ -74,6 +74,11 @@ TERMINAL_PODS = {"Succeeded", "Failed"}
 # The operator reads its clock, then reads the pod, then asks for its deletion: how far before the
 # delete request its recorded end of a cancelled job may lie.
 CANCEL_SLACK = timedelta(seconds=15)
+# containerd's filters for the containers the soak kills.
+OPERATOR_CONTAINER = (
+    f'labels."io.kubernetes.container.name"==operator,labels."io.kubernetes.pod.namespace"=={NAMESPACE}'
+)
+APISERVER_CONTAINER = 'labels."io.kubernetes.container.name"==kube-apiserver'
 UNSEEN = 10**12  # the high end of the bill of a pod whose end the watch missed
 
 
@@ -315,6 +320,9 @@ class Soak:
                                       apiserver_restarts=args.apiserver_restarts, faults=0,
                                       episodes=args.episodes,
                                       kubelet_restarts=args.kubelet_restarts)  # fmt: skip
+        # The load and the timeline's actions draw from their own generators: which of them runs first
+        # at a moment depends on the machine, and must not change what the other draws.
+        self.load_rng, self.act_rng = random.Random(f"{args.seed}-load"), random.Random(f"{args.seed}-act")
         self.violations: list[str] = []
         self.soak_errors: list[str] = []  # the soak's own actions that failed: not the product's
         self.created = 0
@@ -353,9 +361,9 @@ class Soak:
             await asyncio.sleep(max(0.0, started + n * gap - time.monotonic()))
             if not self.live:
                 break
-            episode = self.rng.choice(self.live)
-            sleep = self.rng.uniform(2, 10)
-            flavor = "soak-big" if self.rng.random() < 0.25 else "cpu-basic"
+            episode = self.load_rng.choice(self.live)
+            sleep = self.load_rng.uniform(2, 10)
+            flavor = "soak-big" if self.load_rng.random() < 0.25 else "cpu-basic"
             body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentJob",
                     "metadata": new_job_metadata(f"{episode['metadata']['name']}-j{n}", episode),
                     "spec": {"episode": episode["metadata"]["name"], "purpose": "train",
@@ -390,33 +398,49 @@ class Soak:
             self.stack.node("ctr", "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", task)
         return len(running)
 
+    def pids_named(self, comm: str) -> list[str]:
+        """The node's processes whose command name is exactly `comm` (no pgrep in a minimal node)."""
+        script = (
+            f'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = {comm} ] && echo ${{p#/proc/}}; done'
+        )
+        return self.stack.node("sh", "-c", script, check=False).split()
+
+    def kill_operator(self, sigkill: bool) -> str:
+        """SIGKILL to the operator's container (the kubelet restarts it), or a forced delete of its pod
+        (the Deployment makes another, which waits for the old one's leader Lease)."""
+        if sigkill:
+            with contextlib.suppress(RuntimeError):
+                if self.kill_containers(OPERATOR_CONTAINER):
+                    return "operator SIGKILL"
+        self.stack.cluster.kubectl(
+            "-n", NAMESPACE, "delete", "pod", "-l",
+            f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}",
+            "--grace-period=0", "--force", "--wait=false",
+        )  # fmt: skip
+        return "operator pod force-deleted"
+
+    def kill_apiserver(self) -> str:
+        """SIGKILL to the kube-apiserver's static pod container: the kubelet starts it again."""
+        with contextlib.suppress(RuntimeError):
+            if self.kill_containers(APISERVER_CONTAINER):
+                return "kube-apiserver SIGKILL"
+        pids = self.pids_named("kube-apiserver")
+        if not pids:
+            raise RuntimeError("no running kube-apiserver to kill")
+        self.stack.node("kill", "-9", *pids)
+        return "kube-apiserver SIGKILL"
+
     async def act(self, action: str) -> None:
         if action == "kill":
-            if self.rng.random() < 0.5:
-                filters = (
-                    'labels."io.kubernetes.container.name"==operator,'
-                    f'labels."io.kubernetes.pod.namespace"=={NAMESPACE}'
-                )
-                if await asyncio.to_thread(self.kill_containers, filters) == 0:
-                    raise RuntimeError("no running operator container to kill")
-                self.faults_made["operator SIGKILL"] += 1
-            else:
-                await asyncio.to_thread(
-                    self.stack.cluster.kubectl, "-n", NAMESPACE, "delete", "pod", "-l",
-                    f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}",
-                    "--grace-period=0", "--force", "--wait=false",
-                )  # fmt: skip
-                self.faults_made["operator pod force-deleted"] += 1
+            sigkill = self.act_rng.random() < 0.5
+            self.faults_made[await asyncio.to_thread(self.kill_operator, sigkill)] += 1
         elif action == "apiserver":
-            filters = 'labels."io.kubernetes.container.name"==kube-apiserver'
-            if await asyncio.to_thread(self.kill_containers, filters) == 0:
-                raise RuntimeError("no running kube-apiserver container to kill")
-            self.faults_made["kube-apiserver SIGKILL"] += 1
+            self.faults_made[await asyncio.to_thread(self.kill_apiserver)] += 1
         elif action == "kubelet":
             await asyncio.to_thread(self.stack.node, "systemctl", "restart", "kubelet")
             self.faults_made["kubelet restart"] += 1
         elif action in ("delete", "submit") and self.live:
-            episode = self.live.pop(self.rng.randrange(len(self.live)))
+            episode = self.live.pop(self.act_rng.randrange(len(self.live)))
             if await self.books.end_early(action, episode["metadata"]["name"]):
                 self.ended_by[action] += 1
 
