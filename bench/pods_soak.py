@@ -1,7 +1,8 @@
 """Chaos soak, pods backend on kind: a few hundred AgentJobs as pods while the cluster fails at seeded
 moments.
 
-    cd bench && ../.venv/bin/python pods_soak.py --seed 1 [--minutes 6] [--episodes 24] [--jobs 240] [--keep]
+    cd bench && ../.venv/bin/python pods_soak.py --seed 1 [--minutes 6] [--episodes 24] [--jobs 240]
+        [--keep] [--reuse]
 
 On a kind cluster of its own (`posttrain-soak`, one node), with the chart installed from the project's
 images and the pods backend enabled (the e2e layer's values, HF Jobs off). AgentJobs arrive at a
@@ -27,7 +28,9 @@ flavors' prices (the pods backend's bill: the job container's start to its end, 
 for a pod the operator deleted while it ran, its delete request ends the bill, so the books must lie
 between the start-to-request and start-to-container-end costs); no orphan without a reason. It
 prints its seed, the faults it made and the figures, prints the jobs and pods behind every
-violation, exits non-zero on any, and deletes its cluster (also on failure) unless `--keep`.
+violation, exits non-zero on any, and deletes its cluster (also on failure) unless `--keep`. With
+`--reuse` it soaks on the cluster a `--keep` run left (its Episodes and pods told apart by the seed
+in their names), which saves the cluster's creation and the images' load between seeds.
 """
 
 from __future__ import annotations
@@ -109,10 +112,25 @@ class Stack:
         return proc.stdout
 
 
-def bring_up(seed: int) -> Stack:
+WORKDIR = Path(tempfile.gettempdir(), CLUSTER)  # the store, the kubeconfig, what a kept cluster was given
+
+
+def kept() -> Stack | None:
+    """The cluster a run with --keep left, if it is still there."""
+    saved = WORKDIR / "stack.json"
+    if not (saved.exists() and kind.exists(CLUSTER)):
+        return None
+    found = json.loads(saved.read_text())
+    cluster = Cluster(
+        WORKDIR / "kubeconfig", is_kind=True, bin_dir=ensure_binaries(), store_dir=WORKDIR / "store"
+    )
+    return Stack(WORKDIR, cluster, found["flavors"], found["allocatable"])
+
+
+def bring_up() -> Stack:
     """The cluster with the project's images, the store staged, the chart installed (--wait)."""
     bin_dir = ensure_binaries()
-    workdir = Path(tempfile.gettempdir(), f"posttrain-soak-{seed}")
+    workdir = WORKDIR
     remove_tree(workdir)
     workdir.mkdir(mode=0o711)
     store, kubeconfig = workdir / "store", workdir / "kubeconfig"
@@ -160,6 +178,9 @@ def bring_up(seed: int) -> Stack:
         time.sleep(1)
     else:
         raise RuntimeError(f"the task policy never admitted {TASK}: {dry.stderr}")
+    (workdir / "stack.json").write_text(
+        json.dumps({"flavors": stack.flavors, "allocatable": stack.allocatable})
+    )
     return stack
 
 
@@ -199,8 +220,9 @@ def container_end(pod: dict[str, Any] | None) -> datetime | None:
 
 
 class PodWatch:
-    def __init__(self, core: client.CoreV1Api, to_dict: Any) -> None:
+    def __init__(self, core: client.CoreV1Api, to_dict: Any, episodes: str) -> None:
         self.core = core
+        self.episodes = episodes  # the prefix of the Episode annotation of the pods it records
         self.to_dict = to_dict
         self.pods: dict[str, PodSeen] = {}
         self.relists = 0
@@ -209,6 +231,8 @@ class PodWatch:
     def observe(self, pod: dict[str, Any], deleted: bool = False) -> None:
         meta = pod["metadata"]
         annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+        if not annotations.get(names.EPISODE_ANNOTATION, "").startswith(self.episodes):
+            return
         key, job = annotations.get(names.KEY_ANNOTATION, ""), labels.get(names.JOB_LABEL, "")
         episode = annotations.get(names.EPISODE_ANNOTATION, "")
         seen = self.pods.setdefault(meta["uid"], PodSeen(meta["namespace"], meta["name"], key, job, episode))
@@ -315,6 +339,7 @@ class Soak:
     def __init__(self, args: argparse.Namespace, stack: Stack) -> None:
         self.args = args
         self.stack = stack
+        self.prefix = f"s{args.seed}-"  # this run's Episodes, apart from a kept cluster's earlier ones
         self.rng = random.Random(args.seed)
         self.timeline = Timeline.draw(self.rng, args.minutes * 60, kills=args.kills,
                                       apiserver_restarts=args.apiserver_restarts, faults=0,
@@ -336,15 +361,16 @@ class Soak:
         self.api.user_agent = BENCH_AGENT
         self.custom = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)
-        self.books = EpisodeBooks(self.custom, NAMESPACE)
-        self.pods = PodWatch(self.core, self.api.sanitize_for_serialization)
+        self.books = EpisodeBooks(self.custom, NAMESPACE, prefix=self.prefix)
+        self.pods = PodWatch(self.core, self.api.sanitize_for_serialization, f"{NAMESPACE}/{self.prefix}")
 
     # -- the load --------------------------------------------------------------------------------
 
     async def make_episodes(self) -> None:
         for e in range(self.args.episodes):
             wall = int(self.rng.uniform(0.4, 1.3) * self.args.minutes * 60)
-            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": f"ep{e:03d}"},
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode",
+                    "metadata": {"name": f"{self.prefix}ep{e:03d}"},
                     "spec": {"task": TASK, "budgetUSD": self.args.budget, "backend": "pods",
                              "flavors": ["cpu-basic", "cpu-upgrade", "soak-big"],
                              "limits": {"maxConcurrentJobs": 3, "maxWallSeconds": wall,
@@ -450,7 +476,15 @@ class Soak:
         listed = self.api.sanitize_for_serialization(
             await self.core.list_pod_for_all_namespaces(label_selector=names.MANAGED_LABEL)
         )
-        return [p for p in listed["items"] if (p.get("status") or {}).get("phase") not in TERMINAL_PODS]
+        ours = f"{NAMESPACE}/{self.prefix}"
+
+        def of_this_run(pod: dict[str, Any]) -> bool:
+            return str(
+                (pod["metadata"].get("annotations") or {}).get(names.EPISODE_ANNOTATION, "")
+            ).startswith(ours)
+
+        return [p for p in listed["items"]
+                if (p.get("status") or {}).get("phase") not in TERMINAL_PODS and of_this_run(p)]  # fmt: skip
 
     async def settled(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
         episodes, jobs = await self.books.list("episodes"), await self.books.list("agentjobs")
@@ -608,11 +642,14 @@ def main() -> None:
     parser.add_argument("--settle-timeout", type=float, default=600.0,
                         help="seconds everything may take to settle after the faults stop")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the kind cluster (and its release)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="soak on the cluster an earlier run kept, if there is one (its Episodes are "
+                             "named apart by the seed)")  # fmt: skip
     args = parser.parse_args()
     print(f"pods soak, seed {args.seed}", flush=True)
     stack = None
     try:
-        stack = bring_up(args.seed)
+        stack = (kept() if args.reuse else None) or bring_up()
         code = asyncio.run(soak(args, stack))
     finally:
         tear_down(stack, args.keep)

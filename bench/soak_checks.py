@@ -25,12 +25,14 @@ def refused(exc: client.ApiException) -> bool:
 
 
 class EpisodeBooks:
-    """Episodes and AgentJobs of one namespace as a soak's client makes and ends them, and every
-    Episode version its watch delivers checked for `reserved + settled <= budget`."""
+    """Episodes and AgentJobs of one namespace (those named with `prefix`) as a soak's client makes
+    and ends them, and every Episode version its watch delivers checked for `reserved + settled <=
+    budget`."""
 
-    def __init__(self, custom: client.CustomObjectsApi, namespace: str) -> None:
+    def __init__(self, custom: client.CustomObjectsApi, namespace: str, prefix: str = "") -> None:
         self.custom = custom
         self.namespace = namespace
+        self.prefix = prefix
         self.versions = 0
         self.violations: list[str] = []
 
@@ -52,8 +54,7 @@ class EpisodeBooks:
 
     async def list(self, plural: str) -> list[dict[str, Any]]:
         listed = await self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)
-        items: list[dict[str, Any]] = listed["items"]
-        return items
+        return [item for item in listed["items"] if item["metadata"]["name"].startswith(self.prefix)]
 
     async def end_early(self, how: str, name: str) -> bool:
         """Delete the Episode, or submit its first Succeeded job as its checkpoint (one with none yet
@@ -83,7 +84,7 @@ class EpisodeBooks:
 
     def observe(self, episode: dict[str, Any]) -> None:
         ledger = (episode.get("status") or {}).get("ledger") or {}
-        if not ledger:
+        if not ledger or not episode["metadata"]["name"].startswith(self.prefix):
             return
         self.versions += 1
         if ledger["reservedMicroUSD"] + ledger["settledMicroUSD"] > ledger["budgetMicroUSD"]:
