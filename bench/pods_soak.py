@@ -127,15 +127,18 @@ def kept() -> Stack | None:
     return Stack(WORKDIR, cluster, found["flavors"], found["allocatable"])
 
 
-def bring_up() -> Stack:
-    """The cluster with the project's images, the store staged, the chart installed (--wait)."""
+def bring_up(reuse: bool) -> Stack:
+    """The cluster with the project's images, the store staged, the chart installed (--wait); with
+    `reuse`, on the cluster a kept run left if there is one (images and repos already there are not
+    loaded again, the chart is upgraded)."""
     bin_dir = ensure_binaries()
     workdir = WORKDIR
-    remove_tree(workdir)
-    workdir.mkdir(mode=0o711)
     store, kubeconfig = workdir / "store", workdir / "kubeconfig"
-    store.mkdir(mode=0o755)
-    kind.create(CLUSTER, kubeconfig, mounts={str(store): STORE_IN_NODE})
+    if not (reuse and kubeconfig.exists() and kind.exists(CLUSTER)):
+        remove_tree(workdir)
+        workdir.mkdir(mode=0o711)
+        store.mkdir(mode=0o755)
+        kind.create(CLUSTER, kubeconfig, mounts={str(store): STORE_IN_NODE})
     stack = Stack(workdir, Cluster(kubeconfig, is_kind=True, bin_dir=bin_dir, store_dir=store))
     base = images.choose_base()
     operator_image, launcher_image = images.build(images.OPERATOR, base), images.build(images.LAUNCHER, base)
@@ -148,13 +151,15 @@ def bring_up() -> Stack:
     stack.allocatable = node["status"]["allocatable"]
     memory_mib = int(stack.allocatable["memory"].removesuffix("Ki")) // 1024
     stack.flavors = flavors(memory_mib)
-    cluster.kubectl("create", "namespace", NAMESPACE)
-    token = secrets.token_urlsafe(24)
-    cluster.kubectl(
-        "-n", NAMESPACE, "create", "secret", "generic", "orchestrator", f"--from-literal=token={token}"
-    )  # fmt: skip
+    if not cluster.kubectl("get", "namespace", NAMESPACE, "--ignore-not-found").strip():
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        token = secrets.token_urlsafe(24)
+        cluster.kubectl(
+            "-n", NAMESPACE, "create", "secret", "generic", "orchestrator", f"--from-literal=token={token}"
+        )  # fmt: skip
     values = e2e_values(operator_image, "http://127.0.0.1:9", "Never", launcher_image)
     values["hfJobs"] = {"enabled": False}
+    values["gateway"]["defaultBackend"] = "pods"
     values["pods"]["flavors"] = stack.flavors
     path = workdir / "values.yaml"
     path.write_text(yaml.safe_dump(values))
@@ -649,7 +654,7 @@ def main() -> None:
     print(f"pods soak, seed {args.seed}", flush=True)
     stack = None
     try:
-        stack = (kept() if args.reuse else None) or bring_up()
+        stack = (kept() if args.reuse else None) or bring_up(args.reuse)
         code = asyncio.run(soak(args, stack))
     finally:
         tear_down(stack, args.keep)
