@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,10 @@ from posttrain_operator.backends.pods.store import (
 from posttrain_operator.backends.wheels import packages_to_stage, stage_job_packages
 
 _TRANSIENT_STATUS = {0, 408, 429, 500, 502, 503, 504}
+_PASSING_REFUSALS = (
+    re.compile(r"being terminated"),
+    re.compile(r'error looking up service account \S+: serviceaccount "[^"]+" not found'),
+)
 
 
 def _wire(body: dict[str, Any]) -> Any:
@@ -86,8 +91,12 @@ def _api_error(method: str, exc: ApiException) -> BackendError:
     detail = exc.reason or ""
     with contextlib.suppress(TypeError, ValueError, AttributeError):
         detail = json.loads(exc.body or "{}").get("message") or detail
-    # A namespace being deleted refuses new objects with 403 until it is gone; that passes.
-    transient = exc.status in _TRANSIENT_STATUS or "being terminated" in str(detail)
+    # A namespace being deleted refuses new objects with 403 until it is gone; that passes. So does
+    # a new namespace's missing `default` ServiceAccount, which the controller-manager creates a moment
+    # later (or once it is back, after a restart): the API server refuses every pod until then.
+    transient = exc.status in _TRANSIENT_STATUS or any(
+        passing.search(str(detail)) for passing in _PASSING_REFUSALS
+    )
     return BackendError(f"{method}: HTTP {exc.status}: {detail}"[:1000], transient=transient)
 
 
