@@ -37,11 +37,11 @@ from typing import Any
 
 import aiohttp
 from admissions import BENCH_AGENT, GROUP, REPO, VERSION
-from kubernetes_asyncio import client, config, watch
-from posttrain_operator.api.models import TERMINAL_JOB_PHASES
+from kubernetes_asyncio import client, config
 from posttrain_operator.api.rules import new_job_metadata
 from posttrain_operator.backends.hf_client import EPISODE_LABEL, KEY_LABEL
 from posttrain_operator.backends.hf_replies import label_value
+from soak_checks import EpisodeBooks, job_seen, still_open, untyped_orphans
 from soak_faults import FAULT_ROUTES, Timeline, backend_fault
 
 from devstack.controlplane import cluster as devcluster
@@ -50,7 +50,6 @@ from devstack.hf_emulator.repos import remove_tree
 from tests.integration.support import OperatorProcess, make_emulator, register_placeholder_repos
 
 ACTIVE = {"stage": ["RUNNING", "SCHEDULING"]}
-ENDED = {"Succeeded", "Failed", "Completed"}  # an Episode's terminal phases
 JOB_SECONDS = 60.0  # how long a backend job runs unless cancelled
 SETTLE_TIMEOUT = 900.0  # after the faults stop, how long everything may take to settle
 
@@ -64,7 +63,6 @@ class Soak:
         self.timeline = Timeline.draw(self.rng, args.minutes * 60, kills=args.kills,
                                       apiserver_restarts=args.apiserver_restarts, faults=args.faults,
                                       episodes=args.episodes)  # fmt: skip
-        self.versions = 0
         self.violations: list[str] = []
         self.created = 0
         self.ended_by: Counter[str] = Counter()
@@ -89,6 +87,7 @@ class Soak:
         self.api = client.ApiClient()
         self.api.user_agent = BENCH_AGENT
         self.custom = client.CustomObjectsApi(self.api)
+        self.books = EpisodeBooks(self.custom, self.namespace)
         await client.CoreV1Api(self.api).create_namespace({"metadata": {"name": self.namespace}})
         self.operator = OperatorProcess(
             self.state, self.emulator, Path(tempfile.mkdtemp(prefix="soak-operator-")), self.namespace,
@@ -106,22 +105,6 @@ class Soak:
 
     # -- the load --------------------------------------------------------------------------------
 
-    async def create(self, plural: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Create, retried through API server restarts; None if it exists already (an earlier try
-        that went through) or was refused (an Episode that ended meanwhile)."""
-        while True:
-            try:
-                created: dict[str, Any] = await self.custom.create_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, plural, body
-                )
-                return created
-            except client.ApiException as exc:
-                if exc.status < 500 and exc.status != 429:  # refused, or there already: not retried
-                    return None
-            except (TimeoutError, OSError, aiohttp.ClientError):  # the API server is restarting
-                pass
-            await asyncio.sleep(1)
-
     async def make_episodes(self) -> None:
         for e in range(self.args.episodes):
             wall = int(self.rng.uniform(0.4, 1.3) * self.args.minutes * 60)
@@ -129,7 +112,7 @@ class Soak:
                     "spec": {"task": "t0_artifact", "budgetUSD": "0.005", "backend": "hf-jobs",
                              "limits": {"maxConcurrentJobs": 4, "maxWallSeconds": wall,
                                         "maxJobTimeoutSeconds": 300}}}  # fmt: skip
-            created = await self.create("episodes", body)
+            created = await self.books.create("episodes", body)
             if created is not None:
                 self.live.append(created)
 
@@ -152,7 +135,7 @@ class Soak:
         await asyncio.gather(*pending)
 
     async def create_job(self, body: dict[str, Any]) -> None:
-        if await self.create("agentjobs", body) is not None:
+        if await self.books.create("agentjobs", body) is not None:
             self.created += 1
 
     # -- the timeline ----------------------------------------------------------------------------
@@ -180,81 +163,16 @@ class Soak:
             self.faults_made[f"{fault.kind} {FAULT_ROUTES[fault.route]}"] += 1
         elif action in ("delete", "submit") and self.live:
             episode = self.live.pop(self.rng.randrange(len(self.live)))
-            await self.end_early(action, episode["metadata"]["name"])
-
-    async def end_early(self, how: str, name: str) -> None:
-        """Delete the Episode, or submit its first Succeeded job as its checkpoint (one with none yet
-        ends at its limit instead); counted once the API server took it."""
-        while True:
-            try:
-                if how == "delete":
-                    await self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace,
-                                                                      "episodes", name)  # fmt: skip
-                else:
-                    done = [j for j in await self.jobs() if j["spec"]["episode"] == name
-                            and j.get("status", {}).get("phase") == "Succeeded"]  # fmt: skip
-                    if not done:
-                        return
-                    patch = {"spec": {"submission": {"checkpointFrom": done[0]["metadata"]["name"]}}}
-                    await self.custom.patch_namespaced_custom_object(
-                        GROUP, VERSION, self.namespace, "episodes", name, patch,
-                        _content_type="application/merge-patch+json",
-                    )  # fmt: skip
-                self.ended_by[how] += 1
-                return
-            except client.ApiException as exc:
-                if exc.status < 500 and exc.status != 429:  # gone, or no longer Running
-                    return
-            except (TimeoutError, OSError, aiohttp.ClientError):
-                pass
-            await asyncio.sleep(1)
+            if await self.books.end_early(action, episode["metadata"]["name"]):
+                self.ended_by[action] += 1
 
     # -- observation -----------------------------------------------------------------------------
-
-    def observe(self, episode: dict[str, Any]) -> None:
-        ledger = (episode.get("status") or {}).get("ledger") or {}
-        if not ledger:
-            return
-        self.versions += 1
-        if ledger["reservedMicroUSD"] + ledger["settledMicroUSD"] > ledger["budgetMicroUSD"]:
-            meta = episode["metadata"]
-            self.violations.append(f"episode {meta['name']} version {meta['resourceVersion']}: {ledger}")
-
-    async def watch_episodes(self) -> None:
-        """Every Episode version, through broken watches and API server restarts (re-list, re-watch)."""
-        while True:
-            try:
-                listed = await self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace,
-                                                                         "episodes")  # fmt: skip
-                for item in listed["items"]:
-                    self.observe(item)
-                async with watch.Watch().stream(
-                    self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, "episodes",
-                    resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=300,
-                ) as stream:  # fmt: skip
-                    async for event in stream:
-                        if event["type"] in ("ADDED", "MODIFIED"):
-                            self.observe(event["object"])
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                await asyncio.sleep(1)
-
-    async def jobs(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = (
-            await self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "agentjobs")
-        )["items"]
-        return items
 
     async def settled(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
         """Once every Episode has ended with nothing reserved, every job is terminal and the backend
         runs nothing: the Episodes and the jobs."""
-        episodes = (await self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace,
-                                                                    "episodes"))["items"]  # fmt: skip
-        jobs = await self.jobs()
-        open_episodes = [e for e in episodes if (e.get("status") or {}).get("phase") not in ENDED
-                         or e["status"]["ledger"]["reservedMicroUSD"]]  # fmt: skip
-        open_jobs = [j for j in jobs if (j.get("status") or {}).get("phase") not in TERMINAL_JOB_PHASES]
+        episodes, jobs = await self.books.list("episodes"), await self.books.list("agentjobs")
+        open_episodes, open_jobs = still_open(episodes, jobs)
         running = self.emulator.count_jobs(self.emulator.namespace, ACTIVE)
         if open_episodes or open_jobs or running:
             left = f"{len(open_episodes)} Episodes, {len(open_jobs)} jobs open, {running} on the backend"
@@ -282,9 +200,7 @@ class Soak:
                 mismatched += 1
                 self.violations.append(f"episode {name}: settled + platform {on_books} != billed {bill}")
                 self.violations += self.job_books(name, jobs, by_job)
-            untyped = [o for o in status.get("orphanedJobs") or [] if not o.get("reason")]
-            if untyped:
-                self.violations.append(f"episode {name}: orphans without a reason: {untyped}")
+            self.violations += untyped_orphans(episode)
         return {"double creations": len(twice), "billing mismatches": mismatched}
 
     def job_books(self, episode: str, jobs: list[dict[str, Any]], by_job: dict[str, Any]) -> list[str]:
@@ -296,16 +212,14 @@ class Soak:
             if job["spec"]["episode"] != episode or record is None:
                 continue
             if (status.get("settledMicroUSD") or 0) != record.cost_micro_usd:
-                seen = {k: status.get(k) for k in ("phase", "reason", "billedSeconds", "settledMicroUSD",
-                                                   "startedAt", "finishedAt", "backendStage")}  # fmt: skip
-                found.append(f"  job {job['metadata']['name']}: {seen}; billed {record}")
+                found.append(f"  job {job['metadata']['name']}: {job_seen(job)}; billed {record}")
         return found
 
 
 async def soak(args: argparse.Namespace) -> int:
     run = Soak(args)
     await run.start()
-    watcher = asyncio.create_task(run.watch_episodes())
+    watcher = asyncio.create_task(run.books.watch_episodes())
     try:
         await run.make_episodes()
         started = time.monotonic()
@@ -322,7 +236,7 @@ async def soak(args: argparse.Namespace) -> int:
         if outcome is None:
             run.violations.append(f"not settled {SETTLE_TIMEOUT:.0f} s after the faults stopped")
             books: dict[str, int] = {}
-            episodes, jobs = [], await run.jobs()
+            episodes, jobs = [], await run.books.list("agentjobs")
         else:
             episodes, jobs = outcome
             books = run.check_books(episodes, jobs)
@@ -332,6 +246,7 @@ async def soak(args: argparse.Namespace) -> int:
     finally:
         watcher.cancel()
         await run.stop()
+    violations = run.books.violations + run.violations
     phases = Counter((j.get("status") or {}).get("phase", "none") for j in jobs)
     reasons = Counter((j.get("status") or {}).get("reason", "none") for j in jobs)
     fault_hits = sum(f.hits for f in run.faults)
@@ -346,13 +261,13 @@ async def soak(args: argparse.Namespace) -> int:
         f"episodes ended early {dict(run.ended_by)}; Episodes left to compare with the bill: {len(episodes)}",
         f"job phases          {dict(phases)}",
         f"job reasons         {dict(reasons.most_common(8))}",
-        f"Episode versions    {run.versions} checked for reserved + settled <= budget",
+        f"Episode versions    {run.books.versions} checked for reserved + settled <= budget",
         f"books               {books}; backend jobs left running: {left_running}",
-        f"violations          {len(run.violations)}",
-        *(f"    {v}" for v in run.violations[:40]),
+        f"violations          {len(violations)}",
+        *(f"    {v}" for v in violations[:40]),
     ]
     print("\n".join(lines))
-    return 1 if run.violations else 0
+    return 1 if violations else 0
 
 
 def main() -> None:

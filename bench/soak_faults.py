@@ -1,5 +1,5 @@
-"""The chaos soak's seeded timeline (when the operator is killed, the API server restarted, a backend
-fault injected, an Episode ended early) and the backend faults it draws from."""
+"""The chaos soaks' seeded timeline (when the operator is killed, the API server or the kubelet
+restarted, a backend fault injected, an Episode ended early) and the backend faults it draws from."""
 
 from __future__ import annotations
 
@@ -38,14 +38,15 @@ def backend_fault(rng: random.Random) -> Fault:
 
 @dataclass(frozen=True)
 class Timeline:
-    """(seconds from the start, action) in order; actions: kill, apiserver, fault, delete, submit."""
+    """(seconds from the start, action) in order; actions: kill, apiserver, kubelet, fault, delete,
+    submit."""
 
     events: list[tuple[float, str]]
 
     @classmethod
     def draw(
         cls, rng: random.Random, seconds: float, *, kills: int, apiserver_restarts: int, faults: int,
-        episodes: int,
+        episodes: int, kubelet_restarts: int = 0,
     ) -> Timeline:  # fmt: skip
         # Kills and restarts in the middle 80%, apart from each other by construction of a sorted draw;
         # faults evenly spread with jitter; about a quarter of the Episodes ended early.
@@ -57,6 +58,8 @@ class Timeline:
         events += [
             (rng.uniform(0.2, 0.9) * seconds, rng.choice(["delete", "submit"])) for _ in range(endings)
         ]
+        # Drawn last: a timeline without them draws what it drew before they existed.
+        events += [(rng.uniform(0.15, 0.85) * seconds, "kubelet") for _ in range(kubelet_restarts)]
         return cls(sorted(events))
 
     def count(self, action: str) -> int:

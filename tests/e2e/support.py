@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from devstack.kind import seccomp
-from graders.assets import materialize_assets
+from graders.assets import LocalRepo, materialize_assets
 from tests.gsm8k_standin import SETTINGS as GSM8K_STANDIN
 from tests.gsm8k_standin import standin_registry
 from tests.helpers import wait_for
@@ -204,12 +204,13 @@ class Release:
         return pod
 
 
-def stage_store(store: Path) -> None:
-    """The store's layout (backends/pods/names.py): every task repo read-only under `repos/`, and
-    `outputs/` and `wheels/`, where the operator (uid 10000) makes each job's output dir and stages
-    its packages."""
-    with standin_registry():
-        repos = materialize_assets()
+def stage_store(store: Path, repos: list[LocalRepo] | None = None) -> None:
+    """The store's layout (backends/pods/names.py): every task repo (or `repos`) read-only under
+    `repos/`, and `outputs/` and `wheels/`, where the operator (uid 10000) makes each job's output dir
+    and stages its packages."""
+    if repos is None:
+        with standin_registry():
+            repos = materialize_assets()
     for repo in repos:
         target = store / "repos" / repo.ref.kind / repo.ref.repo_id / repo.ref.revision
         if not target.exists():

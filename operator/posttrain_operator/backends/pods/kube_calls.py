@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -16,6 +17,10 @@ from posttrain_operator.backends.base import BackendError, CallStats, status_lab
 from posttrain_operator.backends.pods.config import PodsConfig
 
 _TRANSIENT_STATUS = {0, 408, 429, 500, 502, 503, 504}
+_PASSING_REFUSALS = (
+    re.compile(r"being terminated"),
+    re.compile(r'error looking up service account \S+: serviceaccount "[^"]+" not found'),
+)
 
 
 def wire(body: dict[str, Any]) -> Any:
@@ -42,8 +47,12 @@ def _api_error(method: str, exc: ApiException) -> BackendError:
     detail = exc.reason or ""
     with contextlib.suppress(TypeError, ValueError, AttributeError):
         detail = json.loads(exc.body or "{}").get("message") or detail
-    # A namespace being deleted refuses new objects with 403 until it is gone; that passes.
-    transient = exc.status in _TRANSIENT_STATUS or "being terminated" in str(detail)
+    # A namespace being deleted refuses new objects with 403 until it is gone; that passes. So does
+    # a new namespace's missing `default` ServiceAccount, which the controller-manager creates a moment
+    # later (or once it is back, after a restart): the API server refuses every pod until then.
+    transient = exc.status in _TRANSIENT_STATUS or any(
+        passing.search(str(detail)) for passing in _PASSING_REFUSALS
+    )
     return BackendError(f"{method}: HTTP {exc.status}: {detail}"[:1000], transient=transient)
 
 
