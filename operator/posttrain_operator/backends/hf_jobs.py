@@ -290,12 +290,13 @@ class HfJobsBackend:
     ) -> dict[str, RemoteStatus]:
         """`listed` plus an inspect of each wanted job it lacks. A transient failure leaves that job
         out (unknown this time, not lost), so one bad answer does not hide every other job's end;
-        it is raised when nothing at all was learned, or when the backend refused outright."""
+        it is raised when nothing at all was learned, or when the backend refused outright. After a
+        failure the rest are asked once each, without backoff: an outage costs a request a job."""
         statuses = {job_id: listed[job_id] for job_id in wanted & listed.keys()}
         failure: BackendError | None = None
         for job_id in wanted - listed.keys():
             try:
-                statuses[job_id] = await self._inspect(job_id)
+                statuses[job_id] = await self._inspect(job_id, retry=failure is None)
             except BackendError as exc:
                 if not exc.transient:
                     raise
@@ -304,10 +305,12 @@ class HfJobsBackend:
             raise failure
         return statuses
 
-    async def _inspect(self, job_id: str) -> RemoteStatus:
+    async def _inspect(self, job_id: str, *, retry: bool = True) -> RemoteStatus:
         try:
             info = await self._call(
-                "inspect_job", lambda: self._api.inspect_job(job_id=job_id, namespace=self.config.namespace)
+                "inspect_job",
+                lambda: self._api.inspect_job(job_id=job_id, namespace=self.config.namespace),
+                retry=retry,
             )
         except JobNotFoundError:
             return RemoteStatus(stage="lost", message=f"backend job {job_id} no longer exists")

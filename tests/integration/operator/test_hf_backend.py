@@ -267,9 +267,12 @@ async def test_status_of_many_jobs_is_one_list_call_and_of_a_few_among_many_an_i
         partial = await many.status_many(handles[:3])
         assert len(partial) == 2 and {s.stage for s in partial.values()} == {"running"}
         emu.controls.inject("http_error", route=routes.INSPECT_JOB, status=503, count=None)
+        emu.reset_stats()
         with pytest.raises(BackendError) as unread:
             await many.status_many(handles[:3])
         assert unread.value.transient
+        # The first with its retries, the other two once each: an outage costs a request a job.
+        assert emu.request_counts() == {routes.INSPECT_JOB: many.config.max_attempts + 2}
     finally:
         install_client_timeout(3.0)
         emu.stop()
