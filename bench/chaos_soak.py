@@ -41,7 +41,7 @@ from kubernetes_asyncio import client, config
 from posttrain_operator.api.rules import new_job_metadata
 from posttrain_operator.backends.hf_client import EPISODE_LABEL, KEY_LABEL
 from posttrain_operator.backends.hf_replies import label_value
-from soak_checks import EpisodeBooks, job_seen, still_open, untyped_orphans
+from soak_checks import EpisodeBooks, job_seen, steady_load, still_open, untyped_orphans
 from soak_faults import FAULT_ROUTES, Timeline, backend_fault
 
 from devstack.controlplane import cluster as devcluster
@@ -52,6 +52,13 @@ from tests.integration.support import OperatorProcess, make_emulator, register_p
 ACTIVE = {"stage": ["RUNNING", "SCHEDULING"]}
 JOB_SECONDS = 60.0  # how long a backend job runs unless cancelled
 SETTLE_TIMEOUT = 900.0  # after the faults stop, how long everything may take to settle
+
+
+def job_body(n: int, episode: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentJob",
+            "metadata": new_job_metadata(f"{episode['metadata']['name']}-j{n}", episode),
+            "spec": {"episode": episode["metadata"]["name"], "purpose": "train", "script": "print(1)",
+                     "flavor": "cpu-basic", "timeoutSeconds": 240}}  # fmt: skip
 
 
 class Soak:
@@ -118,36 +125,15 @@ class Soak:
 
     async def load(self, seconds: float) -> None:
         """AgentJobs at a steady rate into live Episodes, made as the gateway makes them."""
-        gap = seconds / self.args.jobs
-        pending: set[asyncio.Task[None]] = set()
-        started = time.monotonic()
-        for n in range(self.args.jobs):
-            await asyncio.sleep(max(0.0, started + n * gap - time.monotonic()))
-            if not self.live:
-                break
-            episode = self.rng.choice(self.live)
-            name = f"{episode['metadata']['name']}-j{n}"
-            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentJob",
-                    "metadata": new_job_metadata(name, episode),
-                    "spec": {"episode": episode["metadata"]["name"], "purpose": "train", "script": "print(1)",
-                             "flavor": "cpu-basic", "timeoutSeconds": 240}}  # fmt: skip
-            pending.add(asyncio.create_task(self.create_job(body)))
-        await asyncio.gather(*pending)
-
-    async def create_job(self, body: dict[str, Any]) -> None:
-        if await self.books.create("agentjobs", body) is not None:
-            self.created += 1
+        self.created = await steady_load(self.books, self.live, self.rng, self.args.jobs, seconds, job_body)
 
     # -- the timeline ----------------------------------------------------------------------------
 
     async def run_timeline(self) -> None:
-        started = time.monotonic()
-        for at, action in self.timeline.events:
-            await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-            try:
-                await self.act(action)
-            except Exception as exc:  # an action that failed is reported, never fatal to the soak
-                self.violations.append(f"the soak's own action {action} failed: {exc!r}")
+        await self.timeline.run(self.act, self._action_failed)
+
+    def _action_failed(self, action: str, _at: float, exc: Exception) -> None:
+        self.violations.append(f"the soak's own action {action} failed: {exc!r}")
 
     async def act(self, action: str) -> None:
         if action == "kill":

@@ -48,7 +48,7 @@ from admissions import BENCH_AGENT, GROUP, VERSION
 from kubernetes_asyncio import client, config
 from posttrain_operator.api.rules import new_job_metadata
 from posttrain_operator.backends.pods import names
-from soak_checks import UNREACHABLE, EpisodeBooks, job_seen, still_open, untyped_orphans
+from soak_checks import UNREACHABLE, EpisodeBooks, job_seen, steady_load, still_open, untyped_orphans
 from soak_faults import Timeline
 from soak_kind import (
     APISERVER_CONTAINER,
@@ -110,38 +110,26 @@ class Soak:
                 self.live.append(created)
 
     async def load(self, seconds: float) -> None:
-        gap = seconds / self.args.jobs
-        pending: set[asyncio.Task[None]] = set()
-        started = time.monotonic()
-        for n in range(self.args.jobs):
-            await asyncio.sleep(max(0.0, started + n * gap - time.monotonic()))
-            if not self.live:
-                break
-            episode = self.load_rng.choice(self.live)
-            sleep = self.load_rng.uniform(2, 10)
-            flavor = "soak-big" if self.load_rng.random() < 0.25 else "cpu-basic"
-            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentJob",
-                    "metadata": new_job_metadata(f"{episode['metadata']['name']}-j{n}", episode),
-                    "spec": {"episode": episode["metadata"]["name"], "purpose": "train",
-                             "script": f"import time\ntime.sleep({sleep:.1f})\nprint('slept')\n",
-                             "flavor": flavor, "timeoutSeconds": 120}}  # fmt: skip
-            pending.add(asyncio.create_task(self.create_job(body)))
-        await asyncio.gather(*pending)
+        self.created = await steady_load(
+            self.books, self.live, self.load_rng, self.args.jobs, seconds, self.job_body
+        )
 
-    async def create_job(self, body: dict[str, Any]) -> None:
-        if await self.books.create("agentjobs", body) is not None:
-            self.created += 1
+    def job_body(self, n: int, episode: dict[str, Any]) -> dict[str, Any]:
+        sleep = self.load_rng.uniform(2, 10)
+        flavor = "soak-big" if self.load_rng.random() < 0.25 else "cpu-basic"
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentJob",
+                "metadata": new_job_metadata(f"{episode['metadata']['name']}-j{n}", episode),
+                "spec": {"episode": episode["metadata"]["name"], "purpose": "train",
+                         "script": f"import time\ntime.sleep({sleep:.1f})\nprint('slept')\n",
+                         "flavor": flavor, "timeoutSeconds": 120}}  # fmt: skip
 
     # -- the timeline ----------------------------------------------------------------------------
 
     async def run_timeline(self) -> None:
-        started = time.monotonic()
-        for at, action in self.timeline.events:
-            await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-            try:
-                await self.act(action)
-            except Exception as exc:  # an action that failed is reported, never fatal to the soak
-                self.soak_errors.append(f"{action} at {at:.0f} s: {exc!r}"[:600])
+        await self.timeline.run(self.act, self._action_failed)
+
+    def _action_failed(self, action: str, at: float, exc: Exception) -> None:
+        self.soak_errors.append(f"{action} at {at:.0f} s: {exc!r}"[:600])
 
     def kill_containers(self, filters: str) -> int:
         """SIGKILL to the running task of every container matching containerd's `filters`."""

@@ -7,6 +7,9 @@ says when its books differ from the bill)."""
 from __future__ import annotations
 
 import asyncio
+import random
+import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -134,3 +137,21 @@ def job_seen(job: dict[str, Any]) -> dict[str, Any]:
     fields = ("phase", "reason", "billedSeconds", "settledMicroUSD", "startedAt", "finishedAt",
               "backendStage", "backendJobId")  # fmt: skip
     return {k: status.get(k) for k in fields}
+
+
+async def steady_load(
+    books: EpisodeBooks, live: list[dict[str, Any]], rng: random.Random, jobs: int, seconds: float,
+    job_body: Callable[[int, dict[str, Any]], dict[str, Any]],
+) -> int:  # fmt: skip
+    """`jobs` AgentJobs at a steady rate over `seconds`, each into a live Episode drawn from `rng`, as
+    the gateway makes them (`job_body(n, episode)`); how many the API server took."""
+    gap = seconds / jobs
+    pending: set[asyncio.Task[dict[str, Any] | None]] = set()
+    started = time.monotonic()
+    for n in range(jobs):
+        await asyncio.sleep(max(0.0, started + n * gap - time.monotonic()))
+        if not live:
+            break
+        body = job_body(n, rng.choice(live))
+        pending.add(asyncio.create_task(books.create("agentjobs", body)))
+    return sum(created is not None for created in await asyncio.gather(*pending))

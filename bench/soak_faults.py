@@ -3,7 +3,10 @@ restarted, a backend fault injected, an Episode ended early) and the backend fau
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from devstack.hf_emulator import Fault, routes
@@ -64,3 +67,15 @@ class Timeline:
 
     def count(self, action: str) -> int:
         return sum(1 for _, a in self.events if a == action)
+
+    async def run(
+        self, act: Callable[[str], Awaitable[None]], failed: Callable[[str, float, Exception], None]
+    ) -> None:
+        """Each action at its moment from now; one that fails goes to `failed`, never ends the soak."""
+        started = time.monotonic()
+        for at, action in self.events:
+            await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+            try:
+                await act(action)
+            except Exception as exc:
+                failed(action, at, exc)
