@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from posttrain_operator.api.models import GROUP, VERSION
 
 from devstack.controlplane import cluster as devcluster
 from tests.helpers import Kubectl, make_kubectl
@@ -55,10 +57,43 @@ def kubectl(cluster: devcluster.ClusterState) -> Kubectl:
     return make_kubectl(cluster)
 
 
+@pytest.fixture(scope="session")
+def finalizer_release(cluster: devcluster.ClusterState) -> Callable[[str], None]:
+    """Takes every finalizer off a test namespace's objects, for its clean-up.
+
+    The operator that put them there has stopped by then (its fixture ends first), so they would hold
+    the namespace Terminating for the rest of the run, and the namespace controller would retry
+    each such namespace every few seconds: a few hundred of them, a busy API server."""
+    from kubernetes import client, config  # the CLI's client, in the full venv only
+
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    release = {"metadata": {"finalizers": None}}
+
+    def release_all(namespace: str) -> None:
+        for plural in ("agentjobs", "episodes"):
+            listed = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
+            for item in listed["items"]:
+                if item["metadata"].get("finalizers"):
+                    name = item["metadata"]["name"]
+                    with contextlib.suppress(client.ApiException):
+                        custom.patch_namespaced_custom_object(
+                            GROUP, VERSION, namespace, plural, name, release
+                        )
+        for pod in core.list_namespaced_pod(namespace).items:
+            if pod.metadata.finalizers:
+                with contextlib.suppress(client.ApiException):
+                    core.patch_namespaced_pod(pod.metadata.name, namespace, release)
+
+    return release_all
+
+
 @pytest.fixture
-def namespace(kubectl: Kubectl) -> Iterator[str]:
-    """A fresh namespace per test, deleted afterwards without waiting for it to finish."""
+def namespace(kubectl: Kubectl, finalizer_release: Callable[[str], None]) -> Iterator[str]:
+    """A fresh namespace per test, its objects' finalizers released and the namespace deleted
+    afterwards, without waiting for it to finish."""
     name = f"t-{uuid.uuid4().hex[:10]}"
     kubectl("create", "namespace", name)
     yield name
+    finalizer_release(name)
     kubectl("delete", "namespace", name, "--wait=false", check=False)
