@@ -90,12 +90,39 @@ def test_helm_test_fails_with_the_gateway_scaled_to_zero(release: Release) -> No
         )  # fmt: skip
 
 
+def _served_endpoints(release: Release, service: str) -> list[str]:
+    """The ready addresses the Service's EndpointSlices list (what kube-proxy routes to)."""
+    slices = release.json("get", "endpointslices", "-l", f"kubernetes.io/service-name={service}")["items"]
+    return [
+        address
+        for endpoint_slice in slices
+        for endpoint in endpoint_slice.get("endpoints") or []
+        if endpoint.get("conditions", {}).get("ready")
+        for address in endpoint["addresses"]
+    ]
+
+
+# kube-proxy (a Service's endpoints) and kube-router (the policies' view of a new pod) write their rules
+# moments after the API server lists what they follow, and a connection is refused until then: the
+# gateway may have just been recreated, the probe pod always has. A refusal is retried for two minutes.
+FETCH_THROUGH_SERVICE = """
+import time, urllib.error, urllib.request
+for attempt in range(60):
+    try:
+        print(urllib.request.urlopen({url!r}, timeout=20).read().decode())
+        break
+    except urllib.error.URLError as exc:
+        if not isinstance(exc.reason, ConnectionRefusedError) or attempt == 59:
+            raise
+        time.sleep(2)
+"""
+
+
 def test_gateway_reached_through_its_service(release: Release) -> None:
     # From a pod: cluster DNS, the Service's ClusterIP (kube-proxy), the gateway's NetworkPolicy.
     url = f"http://{GATEWAY_SERVICE}.{NAMESPACE}.svc/health"
-    phase, logs = run_probe_pod(
-        release, f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=20).read().decode())"
-    )
+    wait_for(lambda: _served_endpoints(release, GATEWAY_SERVICE), timeout=300, what="a gateway endpoint")
+    phase, logs = run_probe_pod(release, FETCH_THROUGH_SERVICE.format(url=url))
     assert phase == "Succeeded", logs
     assert json.loads(logs.strip().splitlines()[-1])["status"] == "healthy"
     # From this machine, through the Service's port.
