@@ -27,12 +27,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its layer from its folder, so `-m unit` and friends just work."""
+    """Mark each test with its layer from its folder, so `-m unit` and friends just work; then put the
+    files that hold a `slow` test first. `make test` hands files to its workers in this order
+    (`--no-loadscope-reorder`): a long file started last would run alone while the other worker idles."""
     for item in items:
         parts = Path(str(item.fspath)).parts
         for folder, marker in _LAYER_BY_DIR.items():
             if folder in parts:
                 item.add_marker(getattr(pytest.mark, marker))
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within stays
 
 
 @pytest.fixture(scope="session")

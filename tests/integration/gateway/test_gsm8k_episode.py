@@ -23,6 +23,7 @@ import scripted_sft_agent
 
 # Training, a dev evaluation and three seeds of hidden-split grading: minutes on a quiet machine, and
 # more than the default 10 on a loaded one (its SFT alone took over 520 s beside other work).
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_scripted_agent_plays_the_stand_in_to_a_seed_mean_reward_with_its_interval(
     kubectl: Kubectl, standin_gateway: GatewayServer, executing_emulator: HfEmulator

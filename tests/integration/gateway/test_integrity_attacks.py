@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 from posttrain_task_gsm8k import standin
 from scripted_sft_agent import ToolError, _wait, agent_client, call_tool, reset_episode
 
+pytestmark = pytest.mark.slow  # each attack is a whole episode: a few minutes each
+
 # The base model's tensors, copied: a "trained" checkpoint that is the base unchanged.
 UNCHANGED = """
 import os, shutil

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from posttrain_operator.backends.hf_client import KEY_LABEL
 
@@ -84,6 +85,7 @@ def test_fifty_jobs_at_once_never_overspend(
     _assert_books_match_backend(get(kubectl, namespace, "episode", "ep1"), final_jobs, emulator)
 
 
+@pytest.mark.slow
 def test_sigkill_during_submissions_never_submits_twice(
     cluster: devcluster.ClusterState, crds: None, kubectl: Kubectl, namespace: str, emulator: HfEmulator,
     tmp_path: Path,
