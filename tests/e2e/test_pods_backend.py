@@ -50,11 +50,19 @@ PRICE = int(POD_FLAVORS["cpu-basic"]["priceMicroUSDPerMinute"])
 
 @pytest.fixture(scope="module", params=JOB_RUNTIMES)
 def pods_release(request: pytest.FixtureRequest, release: Release) -> Release:
-    """The release with its flavors on one job runtime: every test here runs under runc, then gVisor."""
+    """The release with its flavors on one job runtime: a test here runs under runc, then gVisor, unless
+    it names one below."""
     if not release.cluster.is_kind:
         pytest.skip("the pods backend is enabled on the kind cluster only (its store is a hostPath)")
     use_job_runtime(release, request.param)
     return release
+
+
+# The workloads (training, a 5 GiB checkpoint, whole episodes with their grading) run once, under gVisor:
+# the integration tier runs them on this machine's kernel, which is all runc adds, and gVisor's system
+# call surface is what they need to be shown to work on. Isolation and limits run under both runtimes.
+on_gvisor_only = pytest.mark.parametrize("pods_release", ["gvisor"], indirect=True)
+on_runc_only = pytest.mark.parametrize("pods_release", ["runc"], indirect=True)
 
 
 def _play(request: pytest.FixtureRequest, release: Release, task: str) -> scripted_sft_agent.EpisodeResult:
@@ -382,6 +390,7 @@ def test_a_missing_policy_fails_the_job_closed_before_any_job_code(pods_release:
     assert episode_status["egress"] == {"verified": 0, "open": 1}, episode_status
 
 
+@on_runc_only  # the flavor names its own RuntimeClass in either pass
 def test_a_flavor_whose_runtime_the_node_lacks_fails_its_job_unbilled_and_the_episode_goes_on(
     pods_release: Release,
 ) -> None:
@@ -389,8 +398,6 @@ def test_a_flavor_whose_runtime_the_node_lacks_fails_its_job_unbilled_and_the_ep
     sandbox for ever and says why only in an event. The job fails with those words, charged nothing,
     its pod removed; the next job of the same Episode runs."""
     release = pods_release
-    if release.job_runtime != "runc":
-        pytest.skip("once: the flavor names its own RuntimeClass in either pass")
     script = "import os\nopen(os.environ['POSTTRAIN_OUTPUT_DIR'] + '/ran', 'w').write('yes')\n"
     with port_forward(release, f"svc/{GATEWAY_SERVICE}", 80) as gateway:
 
@@ -639,6 +646,7 @@ def test_a_job_reads_an_earlier_jobs_outputs_and_loads_data_with_workers_over_de
     assert "posttrain-job.log" in {a["path"] for a in status["artifacts"]}
 
 
+@on_gvisor_only
 def test_a_train_job_in_the_trl_environment_runs_sft_trainer_on_the_tiny_model(
     pods_release: Release, environment_images: dict[str, str]
 ) -> None:
@@ -673,6 +681,7 @@ def test_a_train_job_in_the_trl_environment_runs_sft_trainer_on_the_tiny_model(
     assert "model.safetensors" in {a["path"] for a in status["artifacts"]}
 
 
+@on_gvisor_only
 def test_a_5_gib_checkpoint_chains_into_a_graded_job_on_pods(pods_release: Release) -> None:
     """The emulator's checkpoint chain (tests/integration/operator/test_full_episode.py) on pods: the
     first job's 5 GiB on the store, read by the second through inputsFrom, the second graded on the
@@ -737,6 +746,7 @@ def _created_job_pod(release: Release, job: str) -> dict[str, Any]:
     return _job_pod(release, job)
 
 
+@on_gvisor_only
 def test_gsm8k_stand_in_on_pods(request: pytest.FixtureRequest, pods_release: Release) -> None:
     """The real task's code on its stand-in: trl's SFTTrainer in the trl environment, the dev grader on a
     sample of dev, the score over three seeds with its interval; only the score pod mounts hidden."""
@@ -787,6 +797,7 @@ def test_gsm8k_stand_in_on_pods(request: pytest.FixtureRequest, pods_release: Re
 
 
 # Last: the longest (a CPU fine-tune of the tiny model).
+@on_gvisor_only
 def test_t0_arithmetic_format_on_pods(request: pytest.FixtureRequest, pods_release: Release) -> None:
     result = _play(request, pods_release, "t0_arithmetic_format")
     assert result.outcome == "Scored" and result.reward is not None, result
