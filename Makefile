@@ -95,7 +95,7 @@ test: venv binaries preflight e2e-images ## Everything this machine can run: uni
 	@# control plane: its tests mostly wait on one single-threaded job, so one worker left a core idle.
 	@status=0; \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests/unit tests/integration || status=1; \
-	$(PY) -m pytest tests/e2e || status=1; \
+	$(PY) -m pytest --durations=15 tests/e2e || status=1; \
 	exit $$status
 
 .PHONY: test-unit
