@@ -114,6 +114,9 @@ class ChartOperator(OperatorProcess):
             HF_HOME=str(self.log_dir / "hf-home"),
             POSTTRAIN_BROKER_HOST="127.0.0.1",
             POSTTRAIN_BROKER_PORT=str(self.broker_port),
+            # The chart's fixed metrics port would collide with another test's operator on this host.
+            POSTTRAIN_METRICS_HOST="127.0.0.1",
+            POSTTRAIN_METRICS_PORT=str(self.metrics_port),
             # Test pace only: the chart leaves these at their defaults.
             POSTTRAIN_EPISODE_TICK_SECONDS="0.5",
             POSTTRAIN_HF_HTTP_TIMEOUT_SECONDS="3",
