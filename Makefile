@@ -91,9 +91,8 @@ TEST_WORKERS ?= 2
 test: venv binaries preflight e2e-images ## Everything this machine can run: unit, integration (real control plane), e2e (kind)
 	@# Two sessions: the kind cluster lives as long as its pytest session, and must not load the
 	@# machine while the integration tests (CPU-bound training among them) run. Both always run.
-	@# The first on $(TEST_WORKERS) workers, a file each at a time (the tests that train on the CPU for
-	@# minutes as one unit: tests/conftest.py), each worker with its own devstack control plane: its
-	@# tests mostly wait on one single-threaded job, so one worker left a core idle.
+	@# The first on $(TEST_WORKERS) workers, a file each at a time, each worker with its own devstack
+	@# control plane: its tests mostly wait on one single-threaded job, so one worker left a core idle.
 	@status=0; \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests/unit tests/integration || status=1; \
 	$(PY) -m pytest --durations=15 tests/e2e || status=1; \
