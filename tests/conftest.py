@@ -7,7 +7,6 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from posttrain_operator.api.models import GROUP, VERSION
@@ -38,34 +37,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(getattr(pytest.mark, marker))
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within stays
-
-
-# Tests whose jobs train on the CPU for minutes. `make test` runs them one after another, on one worker:
-# two at once on two cores slowed each about four-fold (torch's threads contend), the gsm8k episode
-# from 232 s alone to 994 s beside the integrity attacks. Named here, where xdist's scheduler reads
-# them: it sees node ids only, and with pytest 9 xdist's own `xdist_group` no longer reaches them.
-CPU_TRAINING = (
-    "tests/integration/gateway/test_gsm8k_episode.py::",
-    "tests/integration/gateway/test_integrity_attacks.py::",
-    "tests/integration/graders/test_grader_tasks.py::test_one_sft_job_reaches_0_95_on_dev_and_hidden",
-)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadfile` as `make test` runs it: a file's tests go to one worker together, and the
-    CPU_TRAINING tests all to one worker, as one unit."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class FileOrTrainingScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(CPU_TRAINING):
-                return "cpu-training"
-            return nodeid.split("::", 1)[0]
-
-    return FileOrTrainingScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
