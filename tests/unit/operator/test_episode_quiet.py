@@ -3,9 +3,11 @@ stays idle (its deadline, or a recheck a minute on), and the ticks in between ma
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from posttrain_operator.api.rules import parse_time
+from posttrain_operator.handlers import pause
 from posttrain_operator.reconcile.episode import IDLE_RECHECK, Quiet, reconcile_episode
 
 from tests.unit.operator.test_reconcilers import NS, make_world, started
@@ -44,3 +46,27 @@ def test_quiet_holds_only_for_the_same_version_and_before_its_time() -> None:
     assert not quiet.holds("42", now)  # changed: decided again
     assert not quiet.holds("41", now + timedelta(seconds=60))
     assert not Quiet("41", None).holds("41", now) and not Quiet().holds(None, now)
+
+
+class _Stopper:
+    """kopf's `stopped` as the daemon reads it: truthy once set. Set after `after` checks."""
+
+    def __init__(self, after: int) -> None:
+        self.checks, self.after = 0, after
+
+    def __bool__(self) -> bool:
+        self.checks += 1
+        return self.checks > self.after
+
+
+async def test_a_pause_ends_within_a_step_of_the_stop() -> None:
+    stopper = _Stopper(after=2)
+    await pause(stopper, 3600, 0.01)  # type: ignore[arg-type]  # an hour, were the stop not seen
+    assert stopper.checks == 3
+
+
+async def test_a_pause_lasts_its_time_when_nothing_stops_it() -> None:
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    await pause(_Stopper(after=10**9), 0.05, 0.01)  # type: ignore[arg-type]
+    assert loop.time() - begun >= 0.05
