@@ -1,12 +1,12 @@
 """Admission: refuse what the episode or its task does not allow, reserve the job's worst case on the
 Episode's ledger (one compare-and-swap), then hand the job to submission.
 
-One pass over a new job reads it (its Episode comes from the watch, or is read beside it), writes the
-ledger once while the job is adopted under its Episode (unless it was created so), and writes the
-job's status twice (admitted with its idempotency key just before the backend call; then submitted).
-Every step is idempotent and resumable from the job's status alone: the ledger entry is keyed by job
-name, so a pass retried after a crash finds its own reservation and changes nothing. What is decided
-without the API is in `admission_rules`.
+One pass over a new job reads it (its Episode comes from the watch, or is read beside it, as is the
+namespace's BudgetQuota), writes the ledger once while the job is adopted under its Episode (unless it
+was created so), and writes the job's status twice (admitted with its idempotency key just before the
+backend call; then submitted). Every step is idempotent and resumable from the job's status alone: the
+ledger entry is keyed by job name, so a pass retried after a crash finds its own reservation and
+changes nothing. What is decided without the API is in `admission_rules`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from posttrain_operator.reconcile.quotas import (
     NamespaceQuota,
     QuotaInvalid,
     not_in_quota,
+    quota_in,
     read_quota,
     release_on_quota,
     reserve_on_quota,
@@ -57,6 +58,15 @@ class EpisodeCopy:
 
     body: dict[str, Any] | None
     watched: bool = False
+
+
+@dataclass(frozen=True)
+class QuotaCopy:
+    """The namespace's BudgetQuota read beside a job that looks new (None: it has none), so that
+    admission makes no read of its own before the ledger's write: as fresh as a read in turn, and its
+    compare-and-swap proves it current or retries from a read."""
+
+    body: dict[str, Any] | None
 
 
 async def _reject(ctx: Context, job: dict[str, Any], status: AgentJobStatus, rejection: Rejection) -> None:
@@ -92,12 +102,12 @@ async def reconcile_agentjob(
     job as the watch last saw it) is only a hint: a job it shows as new has its Episode read at the
     same time as itself; every decision is taken on the fresh read."""
     async with ctx.locks("agentjob", namespace, name):
-        job, episode = await _read(ctx, namespace, name, observed)
+        job, episode, quota = await _read(ctx, namespace, name, observed)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return
         status = status_of(AgentJobStatus, job.get("status"))
         if status.phase in (None, "Pending"):
-            admission = await _admit(ctx, job, status, episode)
+            admission = await _admit(ctx, job, status, episode, quota)
             if admission is not None:
                 await submit_admitted(ctx, job, admission)
         elif status.phase == "Admitted":
@@ -106,22 +116,26 @@ async def reconcile_agentjob(
 
 async def _read(
     ctx: Context, namespace: str, name: str, observed: dict[str, Any] | None
-) -> tuple[dict[str, Any] | None, EpisodeCopy | None]:
-    """The job, and (when it looks new) its Episode: as last watched when the operator watches it,
-    else read concurrently with the job. None for the Episode when it was not looked up (absent it
-    is read again, so "not read" and "not found" need no telling apart)."""
+) -> tuple[dict[str, Any] | None, EpisodeCopy | None, QuotaCopy | None]:
+    """The job, and when it looks new, what admitting it needs, read at the same time as the job: its
+    Episode (as last watched when the operator watches it) and the namespace's BudgetQuota. None for
+    what was not looked up (admission reads it then)."""
     hint = observed or {}
     episode_name = (hint.get("spec") or {}).get("episode")
     looks_new = (hint.get("status") or {}).get("phase") in (None, "Pending")
     if not (looks_new and isinstance(episode_name, str)):
-        return await ctx.kube.get_agentjob(namespace, name), None
+        return await ctx.kube.get_agentjob(namespace, name), None, None
     watched = ctx.watched_episodes.get((namespace, episode_name))
     if watched is not None:
-        return await ctx.kube.get_agentjob(namespace, name), EpisodeCopy(dict(watched), watched=True)
-    job, episode = await asyncio.gather(
-        ctx.kube.get_agentjob(namespace, name), ctx.kube.get_episode(namespace, episode_name)
+        read = ctx.kube.get_agentjob(namespace, name), ctx.kube.get_quota(namespace)
+        job, quota = await asyncio.gather(*read)
+        return job, EpisodeCopy(dict(watched), watched=True), QuotaCopy(quota)
+    job, episode, quota = await asyncio.gather(
+        ctx.kube.get_agentjob(namespace, name),
+        ctx.kube.get_episode(namespace, episode_name),
+        ctx.kube.get_quota(namespace),
     )
-    return job, EpisodeCopy(episode)
+    return job, EpisodeCopy(episode), QuotaCopy(quota)
 
 
 async def _price(
@@ -171,12 +185,19 @@ async def _decide(
 
 
 async def _quota(
-    ctx: Context, namespace: str, ep_spec: EpisodeSpec, spec: AgentJobSpec, *, platform: bool
+    ctx: Context,
+    namespace: str,
+    ep_spec: EpisodeSpec,
+    spec: AgentJobSpec,
+    read: QuotaCopy | None,
+    *,
+    platform: bool,
 ) -> NamespaceQuota | Rejection | None:
-    """The namespace's BudgetQuota, None when it has none, or why it refuses the job outright (a
-    grader job is the platform's: only the dollar figures record it)."""
+    """The namespace's BudgetQuota (as `read` beside the job, else read now), None when it has none,
+    or why it refuses the job outright (a grader job is the platform's: only the dollar figures
+    record it)."""
     try:
-        held = await read_quota(ctx, namespace)
+        held = quota_in(read.body) if read is not None else await read_quota(ctx, namespace)
     except QuotaInvalid as exc:
         return Rejection(cond.QUOTA_INVALID, str(exc))
     if held is None or platform:
@@ -293,6 +314,7 @@ async def _admit(
     job: dict[str, Any],
     status: AgentJobStatus,
     episode: EpisodeCopy | None,
+    quota: QuotaCopy | None,
 ) -> Admission | None:
     """Reserve on the ledger; None when the job is refused (and marked Rejected). A watched copy of
     the Episode is as good as a read for admitting (the ledger's compare-and-swap proves it current, or
@@ -314,7 +336,7 @@ async def _admit(
         await _reject(ctx, job, status, lineage)
         return None
     platform = spec.purpose == "score"
-    held = await _quota(ctx, meta["namespace"], ep_spec, spec, platform=platform)
+    held = await _quota(ctx, meta["namespace"], ep_spec, spec, quota, platform=platform)
     if isinstance(held, Rejection):
         await _reject(ctx, job, status, held)
         return None

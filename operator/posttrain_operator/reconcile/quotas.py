@@ -54,7 +54,11 @@ def terms_in(body: dict[str, Any]) -> quota.QuotaTerms:
 async def read_quota(ctx: Context, namespace: str) -> NamespaceQuota | None:
     """The namespace's quota, or None when it has none. QuotaInvalid for one the operator cannot apply:
     a budget control that is not understood admits nothing."""
-    body = await ctx.kube.get_quota(namespace)
+    return quota_in(await ctx.kube.get_quota(namespace))
+
+
+def quota_in(body: dict[str, Any] | None) -> NamespaceQuota | None:
+    """A BudgetQuota as read (None: the namespace has none); QuotaInvalid as `read_quota`."""
     return None if body is None else NamespaceQuota(body, terms_in(body))
 
 
