@@ -96,6 +96,8 @@ class _FakeCalls:
     def __init__(self, pod: dict[str, Any]) -> None:
         self.pods = {JOB_ID: pod}
         self.kubelet_reports: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.released: list[str] = []
         self.deletes = 0
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -108,8 +110,14 @@ class _FakeCalls:
         self.pods[JOB_ID] = _deleted(self.pods[JOB_ID])
 
     async def call(self, method: str, fn: Any, **_: Any) -> Any:
+        if method == "list_event_for_all_namespaces":
+            return {"items": self.events}
         assert method == "list_pod_for_all_namespaces", method
         return {"items": [copy.deepcopy(p) for p in self.pods.values()]}
+
+    async def release_pod(self, pod: dict[str, Any]) -> None:
+        self.released.append(pod["metadata"]["name"])
+        self.pods.pop(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", None)
 
     async def release_namespace_pods(self, namespace: str) -> None:
         self.pods = {k: v for k, v in self.pods.items() if not k.startswith(f"{namespace}/")}
@@ -184,3 +192,17 @@ async def test_a_pod_whose_node_never_reports_leaves_the_cancel_unconfirmed(
     monkeypatch.setattr(backend, "config", dataclasses.replace(backend.config, confirm_timeout_seconds=0.0))
     assert await backend.cancel(Handle(JOB_ID)) is False
     assert (await backend.status_many([Handle(JOB_ID)]))[JOB_ID].stage == "running"
+
+
+async def test_a_pod_failed_for_a_missing_runtime_is_deleted_and_released_at_once(
+    backend: PodsBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It never ran and its status comes from the kubelet's events: nothing to hold it for."""
+    calls = _FakeCalls(_pod("Pending"))
+    calls.events = [{"involvedObject": {"uid": "u-1"}, "message": 'no runtime for "runsc" is configured'}]
+    monkeypatch.setattr(backend, "_calls", calls)
+    for _ in range(2):  # and after it is gone
+        status = (await backend.status_many([Handle(JOB_ID)]))[JOB_ID]
+        assert (status.stage, status.started_at) == ("failed", None)
+        assert status.raw_stage == "Failed/RuntimeHandlerMissing"
+    assert (calls.deletes, calls.released, calls.pods) == (1, ["job-1"], {})

@@ -206,7 +206,7 @@ class PodsBackend:
 
     async def _fail_missing_runtimes(self, waiting: Sequence[dict[str, Any]]) -> None:
         """Pods whose node has no handler for their RuntimeClass: the kubelet retries for ever and
-        says why only in events. Each is failed (never started: nothing billed) and deleted."""
+        says why only in events. Each is failed (never started: nothing billed), deleted and released."""
         listed = await self._calls.call(
             "list_event_for_all_namespaces",
             lambda: self._calls.core.list_event_for_all_namespaces(
@@ -225,6 +225,9 @@ class PodsBackend:
             self._failed.put(job_id, status)
             with contextlib.suppress(ApiException, BackendError):
                 await self._calls.delete_pod(*split_id(job_id))
+                # Its status comes from the events, not the pod, and it never ran: nothing to wait
+                # for (after a restart of ours before the job is settled, it reads as lost: unbilled).
+                await self._calls.release_pod(pod)
 
     # cancel -----------------------------------------------------------------------------------
 
