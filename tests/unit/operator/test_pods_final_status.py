@@ -77,10 +77,14 @@ def test_a_deleted_pod_killed_before_its_container_started_bills_nothing() -> No
     assert (final.stage, final.started_at, final.finished_at) == ("cancelled", None, None)
 
 
-def test_a_pod_that_ended_before_its_delete_keeps_its_own_outcome() -> None:
+def test_a_deleted_pod_that_succeeded_keeps_its_outcome_and_a_failed_one_says_why_it_ended() -> None:
     ended = {"terminated": {"exitCode": 0, "startedAt": STARTED, "finishedAt": ASKED}}
     final = remote_status(_deleted(_pod("Succeeded", ended)))
     assert (final.stage, final.finished_at) == ("succeeded", _at(ASKED))
+    oom = {"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": STARTED, "finishedAt": ASKED}}
+    final = remote_status(_deleted(_pod("Failed", oom)))
+    assert (final.stage, final.exit_code, final.finished_at) == ("cancelled", 137, _at(ASKED))
+    assert "container exited with code 137 (OOMKilled)" in final.message
 
 
 def test_a_deleted_pod_failed_with_no_container_end_is_billed_to_its_deadline() -> None:

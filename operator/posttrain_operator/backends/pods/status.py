@@ -6,7 +6,6 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 from posttrain_operator.api.rules import parse_time
@@ -61,14 +60,14 @@ def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
 def deleted_status(pod: Mapping[str, Any], base: RemoteStatus) -> RemoteStatus:
     """A pod being deleted (the backend's finalizer holds it until its end is read): "cancelled" at
     the run times its kubelet reported as it killed the container, once it has; a pod never bound to a
-    node never ran. A pod that had ended before the delete was asked keeps its own outcome. Until the
-    kubelet reports, `base`: not terminal, so the job is neither settled nor the cancel confirmed."""
+    node never ran. A pod that Succeeded keeps its outcome; a failed one reads as cancelled, its
+    failure in the message: when it ended against the delete cannot be told for certain (the kubelet's
+    last delete moves the deletionTimestamp). Until the kubelet reports, `base`: not terminal, so the
+    job is neither settled nor the cancel confirmed."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     deadline = parse_time(meta.get("deletionTimestamp"))
-    grace = meta.get("deletionGracePeriodSeconds")
-    asked = deadline - timedelta(seconds=grace) if deadline and isinstance(grace, int) else deadline
-    if base.finished_at is not None and asked is not None and base.finished_at <= asked:
-        return base  # it had ended on its own
+    if base.stage == "succeeded":
+        return base
     if not (pod.get("spec") or {}).get("nodeName"):
         return RemoteStatus("cancelled", "deleted before it was scheduled; it never ran", raw_stage="Deleted")
     terminated = _job_state(status).get("terminated") or {}
