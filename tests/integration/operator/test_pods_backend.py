@@ -9,6 +9,7 @@ container and the policy's effect on traffic need a real cluster (tests/e2e).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -34,6 +35,7 @@ from posttrain_operator.backends.pods.names import (
     KEY_LABEL,
     MANAGED_LABEL,
     NETWORK_POLICY,
+    POD_FINALIZER,
     SOURCE_NAMESPACE_LABEL,
     episode_namespace,
     label_value,
@@ -81,9 +83,15 @@ def backend(api_client: client.ApiClient, tmp_path: Path) -> PodsBackend:
 
 @pytest.fixture
 def episode_namespaces(kubectl: Kubectl, namespace: str) -> Iterator[None]:
-    """The episode namespaces the backend makes for the test's namespace, deleted afterwards."""
+    """The episode namespaces the backend makes for the test's namespace, deleted afterwards, their
+    pods released from the backend's finalizer as `release_episode` does (else they hold them)."""
     yield
-    kubectl("delete", "namespace", "-l", f"{SOURCE_NAMESPACE_LABEL}={namespace}", "--wait=false", check=False)
+    selector = f"{SOURCE_NAMESPACE_LABEL}={namespace}"
+    for pod in kubectl_json(kubectl, "get", "pods", "-A", "-l", selector)["items"]:
+        meta = pod["metadata"]
+        kubectl("-n", meta["namespace"], "patch", "pod", meta["name"], "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False)  # fmt: skip
+    kubectl("delete", "namespace", "-l", selector, "--wait=false", check=False)
 
 
 def _request(namespace: str, key: str, episode: str = "ep1") -> JobRequest:
@@ -263,19 +271,85 @@ async def test_status_many_reports_the_exit_code_the_kubelet_wrote(
     assert (ok.stage, ok.exit_code, (ok.finished_at - ok.started_at).seconds) == ("succeeded", 0, 90)
 
 
-async def test_cancel_deletes_the_pod_and_confirms_it_is_gone(
+async def test_cancel_deletes_the_pod_and_confirms_it_never_ran(
     backend: PodsBackend, kubectl: Kubectl, namespace: str, episode_namespaces: None
 ) -> None:
+    """Never bound to a node, it is final at once; the backend's finalizer keeps it, deleted, until
+    its episode's namespace goes."""
     handle = await backend.submit(_request(namespace, "aj-cancel"))
     assert await backend.cancel(handle) is True
     ep_ns, name = handle.backend_job_id.split("/")
-    gone = kubectl("-n", ep_ns, "get", "pod", name, check=False)
-    assert gone.returncode != 0 and "NotFound" in gone.stderr
-    assert (await backend.status_many([handle]))[handle.backend_job_id].stage == "cancelled"
+    held = kubectl_json(kubectl, "-n", ep_ns, "get", "pod", name)["metadata"]
+    assert held["deletionTimestamp"] and held["finalizers"] == [POD_FINALIZER]
+    final = (await backend.status_many([handle]))[handle.backend_job_id]
+    assert (final.stage, final.started_at) == ("cancelled", None)
     deletes = backend.stats.calls["delete_namespaced_pod"]
     assert await backend.cancel(handle) is True  # idempotent, and no second delete
     assert backend.stats.calls["delete_namespaced_pod"] == deletes
     assert await backend.logs(handle, 10) == []
+
+
+def _bind(kubectl: Kubectl, backend_job_id: str, node: str) -> None:
+    """What the scheduler does (there is none here): the pods/binding subresource. No Node object is
+    needed; the pod GC would only collect the pod 40 s after it saw the node missing."""
+    ep_ns, name = backend_job_id.split("/")
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+    # (kubectl: the Python client fails to read the API server's answer, a Status, as a Binding.)
+    kubectl("create", "--raw", f"/api/v1/namespaces/{ep_ns}/pods/{name}/binding", "-f", "-",
+            input=json.dumps(binding))  # fmt: skip
+
+
+def kill_pod_as_the_kubelet_would(kubectl: Kubectl, backend_job_id: str, started: str, ended: str) -> None:
+    """What a kubelet writes once it has killed the container of a deleted pod."""
+    ep_ns, name = backend_job_id.split("/")
+    image = kubectl_json(kubectl, "-n", ep_ns, "get", "pod", name)["spec"]["containers"][0]["image"]
+    terminated = {"exitCode": 137, "reason": "Error", "startedAt": started, "finishedAt": ended}
+    status = {"phase": "Failed", "containerStatuses": [
+        {"name": "job", "image": image, "imageID": "", "ready": False, "restartCount": 0,
+         "state": {"terminated": terminated}}]}  # fmt: skip
+    kubectl("-n", ep_ns, "patch", "pod", name, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": status}))  # fmt: skip
+
+
+async def test_a_cancelled_pod_is_billed_from_the_start_its_kubelet_reports_as_it_kills_it(
+    api_client: client.ApiClient, kubectl: Kubectl, namespace: str, episode_namespaces: None, tmp_path: Path
+) -> None:
+    """The pods chaos soak's bug (docs/benchmarks.md, seed 2): the cancel read a pod on its node still
+    Pending (its kubelet restarting) while its container ran, and the job was settled at nothing.
+    The finalizer keeps the deleted pod until the backend has read the container's start and end."""
+    config = dataclasses.replace(_config(tmp_path / "store"), confirm_timeout_seconds=120.0)
+    backend = PodsBackend(config, api_client)
+    handle = await backend.submit(_request(namespace, "aj-killed"))
+    job_id = handle.backend_job_id
+    _bind(kubectl, job_id, "node-a")
+    ep_ns, name = job_id.split("/")
+    core = client.CoreV1Api(api_client)
+
+    async def deleted() -> bool:
+        pod = await core.read_namespaced_pod(name, ep_ns)
+        return pod.metadata.deletion_timestamp is not None
+
+    cancelling = asyncio.create_task(backend.cancel(handle))
+    await wait_for_async(deleted, 30, 0.1, "the pod deleted")
+    pending = (await backend.status_many([handle]))[job_id]
+    assert (pending.stage, pending.started_at) == ("pending", None)  # not final: neither settled nor lost
+    assert not cancelling.done()
+    kill_pod_as_the_kubelet_would(kubectl, job_id, "2026-01-01T00:00:10Z", "2026-01-01T00:01:40Z")
+    assert await cancelling is True
+    # The kubelet's last word on a pod it has ended: its delete with no grace. The finalizer holds it.
+    kubectl("-n", ep_ns, "delete", "pod", name, "--grace-period=0", "--force", "--wait=false")
+    for reader in (backend, PodsBackend(config, api_client)):  # and an operator restarted since
+        final = (await reader.status_many([handle]))[job_id]
+        assert (final.stage, final.raw_stage) == ("cancelled", "Deleted")
+        assert final.started_at is not None and (final.finished_at - final.started_at).seconds == 90
+    await wait_for_async(
+        lambda: backend.release_episode(namespace, "ep1"), 120, 0.5, "the episode's namespace deleted"
+    )
+    gone = kubectl("-n", ep_ns, "get", "pod", name, check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+    after = (await backend.status_many([handle]))[job_id]  # the pod gone: what was read stays
+    assert (after.stage, after.started_at) == ("cancelled", final.started_at)
 
 
 async def test_logs_of_a_pod_that_never_started_are_empty(

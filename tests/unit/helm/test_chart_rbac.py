@@ -49,7 +49,7 @@ def application(scope: str) -> set[Rule]:
 PODS_BACKEND = (
     _rules("cluster", "", "namespaces", "get", "create", "delete")
     | _rules("cluster", "networking.k8s.io", "networkpolicies", "create", "list")
-    | _rules("cluster", "", "pods", "get", "list", "create", "delete")
+    | _rules("cluster", "", "pods", "get", "list", "create", "delete", "patch")
     | _rules("cluster", "", "pods/log", "get")
     | _rules("cluster", "", "events", "list")  # a sandbox that cannot be made says so only there
 )

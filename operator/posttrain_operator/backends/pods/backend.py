@@ -57,8 +57,7 @@ from posttrain_operator.backends.wheels import packages_to_stage, stage_job_pack
 
 @dataclass
 class _Memo:
-    """Final statuses of pods this process deleted: a deleted pod is gone from the API, and
-    without this a cancelled job would read as "lost" (and its running time as unbilled)."""
+    """Statuses this process decided or read, by job id, for when the pod is no longer listed."""
 
     entries: OrderedDict[str, RemoteStatus] = field(default_factory=OrderedDict)
     limit: int = 10_000
@@ -83,7 +82,12 @@ class PodsBackend:
         self.stats = CallStats()
         self.clock = clock
         self._calls = KubeCalls(config, api_client, self.stats)
-        self._cancelled = _Memo()
+        # Final statuses of deleted pods, read before their finalizer went (or, for a pod created
+        # without it by an earlier version, the cancel's read before its delete): a job whose pod is
+        # gone reads from here rather than as "lost".
+        self._final = _Memo()
+        # Jobs failed for a missing runtime handler: their pod, deleted, would read as cancelled.
+        self._failed = _Memo()
 
     async def price(self, flavor: str) -> int:
         if flavor not in self.config.flavors:
@@ -177,25 +181,32 @@ class PodsBackend:
             ),
         )
         by_id = {job_id_of(p): p for p in listed.get("items") or []}
-        known = self._cancelled.entries
+        known = self._failed.entries
         waiting = [p for job_id, p in by_id.items() if job_id not in known and waits_for_sandbox(p)]
-        failed = await self._fail_missing_runtimes(waiting) if waiting else set()
+        if waiting:
+            await self._fail_missing_runtimes(waiting)
         result: dict[str, RemoteStatus] = {}
         for handle in handles:
             job_id = handle.backend_job_id
-            if job_id in failed:
-                result[job_id] = self._cancelled.entries[job_id]
+            if job_id in self._failed.entries:
+                result[job_id] = self._failed.entries[job_id]
             elif job_id in by_id:
-                result[job_id] = remote_status(by_id[job_id])
-            elif job_id in self._cancelled.entries:
-                result[job_id] = self._cancelled.entries[job_id]
+                result[job_id] = self._read(job_id, by_id[job_id])
+            elif job_id in self._final.entries:
+                result[job_id] = self._final.entries[job_id]
             else:
                 result[job_id] = RemoteStatus("lost", f"pod {job_id} no longer exists", raw_stage="Gone")
         return result
 
-    async def _fail_missing_runtimes(self, waiting: Sequence[dict[str, Any]]) -> set[str]:
+    def _read(self, job_id: str, pod: dict[str, Any]) -> RemoteStatus:
+        status = remote_status(pod)
+        if pod["metadata"].get("deletionTimestamp") and status.stage in TERMINAL_STAGES:
+            self._final.put(job_id, status)  # should its finalizer go before the job is settled
+        return status
+
+    async def _fail_missing_runtimes(self, waiting: Sequence[dict[str, Any]]) -> None:
         """Pods whose node has no handler for their RuntimeClass: the kubelet retries for ever and
-        says why only in events. Each is failed (never started: nothing billed) and deleted."""
+        says why only in events. Each is failed (never started: nothing billed), deleted and released."""
         listed = await self._calls.call(
             "list_event_for_all_namespaces",
             lambda: self._calls.core.list_event_for_all_namespaces(
@@ -206,47 +217,51 @@ class PodsBackend:
         said: dict[str, list[str]] = {}
         for event in listed.get("items") or []:
             said.setdefault(event["involvedObject"].get("uid") or "", []).append(event.get("message") or "")
-        failed = set()
         for pod in waiting:
             status = missing_runtime(pod, said.get(pod["metadata"].get("uid") or "", []))
             if status is None:
                 continue
             job_id = job_id_of(pod)
-            self._cancelled.put(job_id, status)  # read from here once the pod is gone
-            failed.add(job_id)
+            self._failed.put(job_id, status)
             with contextlib.suppress(ApiException, BackendError):
                 await self._calls.delete_pod(*split_id(job_id))
-        return failed
+                # Its status comes from the events, not the pod, and it never ran: nothing to wait
+                # for (after a restart of ours before the job is settled, it reads as lost: unbilled).
+                await self._calls.release_pod(pod)
 
     # cancel -----------------------------------------------------------------------------------
 
     async def cancel(self, handle: Handle) -> bool:
+        """Delete the pod; confirmed once its final status is read. The backend's finalizer holds the
+        deleted pod until then (and until its episode's namespace goes), so the run times its kubelet
+        reports as it kills the container are what the job is billed, even after a restart of ours."""
         namespace, name = split_id(handle.backend_job_id)
         pod = await self._calls.get_pod(namespace, name)
         if pod is None:
             return True
         before = remote_status(pod)
         if before.stage in TERMINAL_STAGES:
-            return True  # finished on its own: keep it (and its logs) until the namespace goes
-        self._cancelled.put(
-            handle.backend_job_id,
-            RemoteStatus(
-                "cancelled",
-                "deleted by the operator",
-                before.started_at,
-                self.clock() if before.started_at else None,
-                "Deleted",
-            ),
-        )
-        try:
-            await self._calls.delete_pod(namespace, name)
-        except ApiException:
+            # Finished on its own (kept, with its logs, until the namespace goes), or deleted and ended.
             return True
-        return await self._confirm_gone(namespace, name)
+        if not pod["metadata"].get("deletionTimestamp"):
+            # Only for a pod that goes before its final status is read (created by a version without
+            # the finalizer, or its finalizer removed by hand): the run up to the delete, as this read
+            # saw it. The final status, once read, replaces it.
+            started = before.started_at
+            ended = self.clock() if started else None
+            fallback = RemoteStatus("cancelled", "deleted by the operator", started, ended, "Deleted")
+            self._final.put(handle.backend_job_id, fallback)
+            try:
+                await self._calls.delete_pod(namespace, name)
+            except ApiException:
+                return True
+        return await self._confirm_ended(namespace, name)
 
-    async def _confirm_gone(self, namespace: str, name: str) -> bool:
-        """A 200 on delete is not a confirmation; only a 404 or a terminal phase is. The kubelet
-        needs up to the grace period; an unscheduled pod goes at once."""
+    async def _confirm_ended(self, namespace: str, name: str) -> bool:
+        """A 200 on delete is not a confirmation; only a 404 or a terminal status is (for a deleted
+        pod: its kubelet reported the container's end, or it was never on a node). The kubelet needs
+        up to the grace period; an unscheduled pod is final at once. A node that never reports leaves
+        the cancel unconfirmed (the job Orphaned, retried), never settled at nothing."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.cancel_grace_seconds + self.config.confirm_timeout_seconds
         delay = 0.1
@@ -311,4 +326,7 @@ class PodsBackend:
         True once the API server reports it gone. Call only after every job is confirmed cancelled."""
         name = episode_namespace(self.config.namespace_prefix, namespace, episode)
         await asyncio.to_thread(remove_store_tree, self.config.store_path, episode_wheels_subpath(name))
+        # Every job is settled: their pods' final statuses are read, and the finalizer that holds
+        # them would hold the namespace's deletion for ever. Again on every retry.
+        await self._calls.release_namespace_pods(name)
         return await delete_namespace(self._calls, name)

@@ -15,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from posttrain_operator.backends.base import BackendError, CallStats, status_label
 from posttrain_operator.backends.pods.config import PodsConfig
+from posttrain_operator.backends.pods.names import POD_FINALIZER
 
 _TRANSIENT_STATUS = {0, 408, 429, 500, 502, 503, 504}
 _PASSING_REFUSALS = (
@@ -107,3 +108,35 @@ class KubeCalls:
             ),
             passthrough=(404,),
         )  # fmt: skip
+
+    async def release_pod(self, pod: Mapping[str, Any]) -> None:
+        """Take the backend's finalizer off `pod`, once nothing needs its final status any more. A
+        strategic merge patch that deletes that one entry (ObjectMeta's finalizers merge as a set): a
+        finalizer another controller adds or removes meanwhile (Kueue's) is neither lost nor a
+        conflict. A pod already gone is released."""
+        meta = pod["metadata"]
+        if POD_FINALIZER not in (meta.get("finalizers") or []):
+            return
+        patch = {"metadata": {"$deleteFromPrimitiveList/finalizers": [POD_FINALIZER]}}
+        with contextlib.suppress(ApiException):
+            await self.call(
+                "patch_namespaced_pod",
+                lambda: self.core.patch_namespaced_pod(
+                    meta["name"], meta["namespace"], patch, _request_timeout=self.timeout
+                ),
+                passthrough=(404,),
+            )
+
+    async def release_namespace_pods(self, namespace: str) -> None:
+        """Release every pod of an episode's namespace, so that its deletion is not held by them.
+        Only once each of their jobs is settled: their final statuses are read then."""
+        try:
+            listed = await self.call(
+                "list_namespaced_pod",
+                lambda: self.core.list_namespaced_pod(namespace, _request_timeout=self.timeout),
+                passthrough=(404,),
+            )
+        except ApiException:
+            return
+        for pod in listed.get("items") or []:
+            await self.release_pod(pod)

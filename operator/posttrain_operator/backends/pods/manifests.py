@@ -19,6 +19,7 @@ from posttrain_operator.backends.pods.names import (
     KEY_LABEL,
     MANAGED_LABEL,
     NETWORK_POLICY,
+    POD_FINALIZER,
     PREFIX_ANNOTATION,
     SCRATCH_VOLUME,
     SHM_VOLUME,
@@ -210,6 +211,7 @@ def pod_body(config: PodsConfig, request: JobRequest) -> dict[str, Any]:
             "name": pod_name(request.key),
             "namespace": namespace,
             "labels": labels,
+            "finalizers": [POD_FINALIZER],
             "annotations": {
                 KEY_ANNOTATION: request.key,
                 EPISODE_ANNOTATION: f"{request.namespace}/{request.episode}",

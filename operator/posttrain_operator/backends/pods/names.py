@@ -18,6 +18,9 @@ KEY_ANNOTATION = "posttrain.dev/key"
 EPISODE_ANNOTATION = "posttrain.dev/episode"
 PREFIX_ANNOTATION = "posttrain.dev/output-prefix"
 NETWORK_POLICY = "posttrain-default-deny"
+# On every job pod from its creation: a deleted pod stays readable until the backend has read its
+# final status (the run times its kubelet reports as it kills it) and its episode's namespace goes.
+POD_FINALIZER = "posttrain.dev/pod-final-status"
 CONTAINER = "job"
 JOB_UID = 10000
 SCRATCH_VOLUME, STORE_RO_VOLUME, STORE_RW_VOLUME = "scratch", "store-ro", "store-rw"

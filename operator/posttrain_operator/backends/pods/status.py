@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -39,15 +40,60 @@ def egress_report(terminated: Mapping[str, Any]) -> tuple[bool | None, str]:
     return False, str(report.get("reason") or "egress check failed; no job code ran")[:1024]
 
 
-def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
-    """Pod phase and the job container's state -> RemoteStatus. Billing starts when the container
-    runs, not when the pod is created (a pod may wait for a node or an image for a long time)."""
-    status = pod.get("status") or {}
-    phase = status.get("phase") or "Pending"
+def _job_state(status: Mapping[str, Any]) -> dict[str, Any]:
     container: dict[str, Any] = next(
         (c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER), {}
     )
-    state = container.get("state") or {}
+    return dict(container.get("state") or {})
+
+
+def remote_status(pod: Mapping[str, Any]) -> RemoteStatus:
+    """Pod phase and the job container's state -> RemoteStatus. Billing starts when the container
+    runs, not when the pod is created (a pod may wait for a node or an image for a long time). A pod
+    being deleted is final only once its end is known (`deleted_status`)."""
+    base = _phase_status(pod)
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return deleted_status(pod, base)
+    return base
+
+
+def deleted_status(pod: Mapping[str, Any], base: RemoteStatus) -> RemoteStatus:
+    """A pod being deleted (the backend's finalizer holds it until its end is read): "cancelled" at
+    the run times its kubelet reported as it killed the container, once it has; a pod never bound to a
+    node never ran. A pod that Succeeded keeps its outcome; a failed one reads as cancelled, its
+    failure in the message: when it ended against the delete cannot be told for certain (the kubelet's
+    last delete moves the deletionTimestamp). Until the kubelet reports, `base`: not terminal, so the
+    job is neither settled nor the cancel confirmed."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    deadline = parse_time(meta.get("deletionTimestamp"))
+    if base.stage == "succeeded":
+        return base
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return RemoteStatus("cancelled", "deleted before it was scheduled; it never ran", raw_stage="Deleted")
+    terminated = _job_state(status).get("terminated") or {}
+    if base.stage not in ("succeeded", "failed") and not terminated:
+        return base
+    # The container's own times where the pod's phase lags them (Pending after a kubelet restart).
+    started = base.started_at or parse_time(terminated.get("startedAt"))
+    finished = base.finished_at or parse_time(terminated.get("finishedAt"))
+    # No end recorded (e.g. a phase set by the pod GC): the delete's deadline bounds it from above.
+    # No start: it never ran, whatever end the kubelet wrote for the container it never started.
+    finished = (finished or deadline) if started else None
+    said = f": {base.message}" if base.message else ""
+    return dataclasses.replace(
+        base,
+        stage="cancelled",
+        message=f"the pod was deleted while it was on its node{said}"[:1024],
+        started_at=started,
+        finished_at=finished,
+        raw_stage="Deleted",
+    )
+
+
+def _phase_status(pod: Mapping[str, Any]) -> RemoteStatus:
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    state = _job_state(status)
     running, terminated, waiting = state.get("running"), state.get("terminated"), state.get("waiting")
     started = parse_time((running or terminated or {}).get("startedAt"))
     finished = parse_time((terminated or {}).get("finishedAt"))
