@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, watch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +82,10 @@ async def start_episodes(
     for e in numbers:
         await create_episode(custom, namespace, f"ep{e:03d}", jobs)
     while True:
-        listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
+        try:
+            listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
+        except aiohttp.ClientError:  # a list of thousands cut short on a loaded machine: again
+            continue
         if all(i.get("status", {}).get("phase") in ("Running", "Completed") for i in listed["items"]):
             return {i["metadata"]["name"]: i for i in listed["items"]}
         await asyncio.sleep(1)
