@@ -99,8 +99,8 @@ async def reconcile_agentjob(
     ctx: Context, namespace: str, name: str, *, observed: dict[str, Any] | None = None
 ) -> None:
     """Admit and submit a new job, or go on with a submission an earlier pass began. `observed` (the
-    job as the watch last saw it) is only a hint: a job it shows as new has its Episode read at the
-    same time as itself; every decision is taken on the fresh read."""
+    job as the watch last saw it) is only a hint: a job it shows as new has its Episode and its
+    namespace's BudgetQuota read at the same time as itself; every decision is taken on the fresh read."""
     async with ctx.locks("agentjob", namespace, name):
         job, episode, quota = await _read(ctx, namespace, name, observed)
         if job is None or job["metadata"].get("deletionTimestamp"):
