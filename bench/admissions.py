@@ -83,12 +83,26 @@ async def start_episodes(
         await create_episode(custom, namespace, f"ep{e:03d}", jobs)
     while True:
         try:
-            listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
-        except aiohttp.ClientError:  # a list of thousands cut short on a loaded machine: again
+            items = await list_all(custom, namespace, "episodes")
+        except (aiohttp.ClientError, client.ApiException):  # cut short or timed out on a loaded machine
             continue
-        if all(i.get("status", {}).get("phase") in ("Running", "Completed") for i in listed["items"]):
-            return {i["metadata"]["name"]: i for i in listed["items"]}
+        if all(i.get("status", {}).get("phase") in ("Running", "Completed") for i in items):
+            return {i["metadata"]["name"]: i for i in items}
         await asyncio.sleep(1)
+
+
+async def list_all(custom: client.CustomObjectsApi, namespace: str, plural: str) -> list[dict[str, Any]]:
+    """Every object, in pages of 500: one list of thousands can outlast the API server's timeout."""
+    items: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        page = await custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, limit=500, _continue=token
+        )
+        items += page["items"]
+        token = page["metadata"].get("continue") or ""
+        if not token:
+            return items
 
 
 async def create_and_time_admissions(

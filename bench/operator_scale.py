@@ -48,6 +48,7 @@ from admissions import (
     VERSION,
     cpu_seconds,
     create_and_time_admissions,
+    list_all,
     percentile,
     raw_round_trips,
     rss_mib,
@@ -235,9 +236,10 @@ async def delete_every_episode(custom: client.CustomObjectsApi, namespace: str) 
     while True:
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, client.ApiException):
             await custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
-        listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
-        if all(e["metadata"].get("deletionTimestamp") for e in listed["items"]):
-            return
+        with contextlib.suppress(aiohttp.ClientError, client.ApiException):
+            left = await list_all(custom, namespace, "episodes")
+            if all(e["metadata"].get("deletionTimestamp") for e in left):
+                return
 
 
 async def run(args: argparse.Namespace) -> None:
