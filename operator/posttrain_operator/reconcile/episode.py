@@ -178,6 +178,7 @@ async def _advance(
         await settle_ended(ctx, body)
     elif (
         status.phase in ENDED_PHASES
+        and not status.orphaned_jobs  # their final statuses are unread (a pod's, held by the namespace)
         and _needs_release(ctx, spec.backend, status)
         and await release_backend_resources(ctx, body)
     ):
