@@ -267,7 +267,7 @@ def _start_operator(
         hf_namespace=HF_NAMESPACE,
         hf_bucket=BUCKET,
         broker_port=broker_port,
-        metrics_port=cluster.free_port(),
+        metrics_port=cluster.free_port(avoid={broker_port}),
         broker_allowed_users=[gateway_user],
         POSTTRAIN_POLL_INTERVAL_SECONDS="2",
         POSTTRAIN_EPISODE_TICK_SECONDS="1",

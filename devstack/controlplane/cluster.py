@@ -27,6 +27,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,10 +115,16 @@ def is_alive(pid: int) -> bool:
     return "State:\tZ" not in status
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A port free on 127.0.0.1 now, other than those in `avoid`: picked but not yet bound, they are
+    free too, and the kernel may hand the same port out again (a process given two such ports once
+    failed to bind its second)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def _check_port_free(port: int, what: str) -> None:
@@ -268,13 +275,15 @@ def up(
     bins = ensure_binaries()
     run_dir = cluster_dir(name)
     run_dir.mkdir(parents=True)
+    client_port = etcd_client_port or free_port()
+    peer_port = free_port(avoid={client_port})
     state = ClusterState(
         name=name,
         run_dir=str(run_dir),
         bin_dir=str(bins),
-        etcd_client_port=etcd_client_port or free_port(),
-        etcd_peer_port=free_port(),
-        apiserver_port=apiserver_port or free_port(),
+        etcd_client_port=client_port,
+        etcd_peer_port=peer_port,
+        apiserver_port=apiserver_port or free_port(avoid={client_port, peer_port}),
     )
     _save_state(state)
     started = time.monotonic()

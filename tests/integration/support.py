@@ -109,7 +109,7 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.broker_port = devcluster.free_port()
-        self.metrics_port = devcluster.free_port()
+        self.metrics_port = devcluster.free_port(avoid={self.broker_port})
 
     @property
     def broker_url(self) -> str:

@@ -97,7 +97,7 @@ class ChartOperator(OperatorProcess):
     ) -> None:
         super().__init__(cluster, emulator, log_dir, release.namespace)
         self.kubeconfig = kubeconfig
-        self.health_port = devcluster.free_port()
+        self.health_port = devcluster.free_port(avoid={self.broker_port, self.metrics_port})
         self.chart_env = env
         assert container["command"] == ["python", "-m", "kopf"], container["command"]
         self.chart_args = [
