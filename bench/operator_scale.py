@@ -2,6 +2,7 @@
 
     python bench/operator_scale.py [--devstack NAME] [--sweep 1000,3000,10000] [--jobs 5] [--window 60]
                                    [--quota-usd N] [--drain full|backend|none]
+                                   [--operator-env POSTTRAIN_X=VALUE ...]
 
 Against the devstack control plane and the HF Jobs emulator (jobs 'run' for an hour without a
 process, so they all stay active), with the operator as a real `kopf run` process. The active jobs
@@ -72,9 +73,10 @@ ACTIVE = {"stage": ["RUNNING", "SCHEDULING"]}
 class Stack:
     """The cluster (attached or started), an emulator, a namespace and an operator process."""
 
-    def __init__(self, devstack: str | None, quota_usd: str | None) -> None:
+    def __init__(self, devstack: str | None, quota_usd: str | None, operator_env: dict[str, str]) -> None:
         self.devstack = devstack
         self.quota_usd = quota_usd
+        self.operator_env = operator_env
 
     async def start(self) -> Stack:
         attached = devcluster.load_state(self.devstack) if self.devstack else None
@@ -106,8 +108,9 @@ class Stack:
             )
         log_dir = Path(tempfile.mkdtemp(prefix="bench-operator-"))
         self.operator = OperatorProcess(
-            self.state, self.emulator, log_dir, self.namespace, POSTTRAIN_POLL_INTERVAL_SECONDS="10"
-        ).start()
+            self.state, self.emulator, log_dir, self.namespace,
+            **{"POSTTRAIN_POLL_INTERVAL_SECONDS": "10", **self.operator_env},
+        ).start()  # fmt: skip
         self.operator.wait_ready()
         self.active = 0  # jobs running now
         self.episodes = 0  # Episodes made so far
@@ -243,7 +246,8 @@ async def delete_every_episode(custom: client.CustomObjectsApi, namespace: str) 
 
 
 async def run(args: argparse.Namespace) -> None:
-    stack = await Stack(args.devstack, args.quota_usd).start()
+    operator_env = dict(setting.split("=", 1) for setting in args.operator_env)
+    stack = await Stack(args.devstack, args.quota_usd, operator_env).start()
     sizes = sorted(int(s) for s in args.sweep.split(","))
     try:
         raw = await raw_round_trips(stack.api, stack.namespace, 50)
@@ -282,6 +286,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5, help="jobs per episode")
     parser.add_argument("--window", type=float, default=60.0, help="least seconds to count requests over")
     parser.add_argument("--quota-usd", help="give the namespace a BudgetQuota of this many dollars a month")
+    parser.add_argument(
+        "--operator-env", action="append", default=[], metavar="POSTTRAIN_X=VALUE",
+        help="a setting for the operator (repeatable): POSTTRAIN_EPISODE_TICK_SECONDS=5",
+    )  # fmt: skip
     parser.add_argument(
         "--drain", choices=("full", "backend", "none"), default="full",
         help="after the sweep: delete every Episode; time it to the end, to the last job running, or not",

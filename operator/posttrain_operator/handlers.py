@@ -30,6 +30,7 @@ from posttrain_operator.reconcile.ending import finalize_episode
 from posttrain_operator.reconcile.episode import Quiet, reconcile_episode
 from posttrain_operator.reconcile.jobs import Retry
 from posttrain_operator.reconcile.judging import apply_judge_finding
+from posttrain_operator.reconcile.orphan_records import orphans_index_entry
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
 from posttrain_operator.reconcile.quotas import keep_quotas
 from posttrain_operator.runtime import build_context, check_backends, publish_registered_tasks, serve_metrics
@@ -196,6 +197,13 @@ async def judgefinding_apply(
     await _run(memo, "JudgeFinding", step, retry)
 
 
+@kopf.index(*EPISODES)
+async def namespace_orphans(
+    namespace: str | None, name: str, status: kopf.Status, **_: Any
+) -> dict[str, tuple[str, ...]]:
+    return orphans_index_entry(_namespaced(namespace), name, status)
+
+
 @kopf.daemon(*EPISODES, cancellation_timeout=10)
 async def episode_tick(
     namespace: str | None,
@@ -203,8 +211,10 @@ async def episode_tick(
     body: kopf.Body,
     memo: kopf.Memo,
     stopped: kopf.DaemonStopped,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
+    # kopf hands its indices to handlers only: the same live index for every daemon.
+    memo.ctx.namespace_orphans = kwargs["namespace_orphans"]
     key = (_namespaced(namespace), name)
     memo.ctx.watched_episodes[key] = body
     try:

@@ -112,11 +112,6 @@ class Kube:
         items: list[dict[str, Any]] = result["items"]
         return items
 
-    async def list_episodes(self, namespace: str) -> list[dict[str, Any]]:
-        result = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "episodes")
-        items: list[dict[str, Any]] = result["items"]
-        return items
-
     async def update_episode_status(
         self,
         namespace: str,

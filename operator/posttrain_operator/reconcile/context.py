@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -18,6 +18,8 @@ from posttrain_operator.k8s import Kube
 from posttrain_operator.metrics import OperatorMetrics
 
 CREDENTIAL_REASONS = frozenset({CREDENTIALS_REJECTED, CREDENTIALS_MISSING})
+# Each namespace's orphaned jobs: one tuple of "episode/job" per Episode that records any.
+NamespaceOrphans = Mapping[str, Iterable[tuple[str, ...]]]
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 
 
@@ -62,6 +64,9 @@ class Context:
     # Each running Episode as its watch last delivered it (kopf's live body, swapped whole per event):
     # admission starts from it instead of a read, and its compare-and-swap proves it current.
     watched_episodes: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    # The namespaces' orphans from the watch (kopf's index `handlers.namespace_orphans`: no handler runs
+    # before every Episode is in it). A new Episode waits on them.
+    namespace_orphans: NamespaceOrphans = field(default_factory=dict)
 
     def set_condition(
         self,

@@ -4,14 +4,36 @@ when there is nothing to change."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
+
+from pydantic import TypeAdapter
 
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api.episode import EpisodeStatus, OrphanedJob
 from posttrain_operator.api.rules import format_time
 from posttrain_operator.config import OperatorSettings
-from posttrain_operator.reconcile.context import Context
+from posttrain_operator.reconcile.context import Context, NamespaceOrphans
+
+_ORPHANS = TypeAdapter(list[OrphanedJob])
+
+
+def orphans_index_entry(namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """An Episode's entry in the index of its namespace's orphans; empty, not None, when it has none:
+    kopf keeps an object's earlier entries when its index handler returns None. Only the list is
+    parsed, since the index sees every event of every Episode."""
+    listed = status.get("orphanedJobs")
+    if not listed:
+        return {}
+    return {namespace: tuple(f"{name}/{orphan.name}" for orphan in _ORPHANS.validate_python(listed))}
+
+
+def orphans_blocking(index: NamespaceOrphans, namespace: str, name: str) -> list[str]:
+    """The orphans recorded by the namespace's other Episodes, as "episode/job"."""
+    return sorted(
+        orphan for entry in index.get(namespace, ()) for orphan in entry if not orphan.startswith(f"{name}/")
+    )
 
 
 def retry_delay(settings: OperatorSettings, attempts: int) -> float:
