@@ -199,6 +199,8 @@ async def grow_to(stack: Stack, size: int, jobs: int, window: float) -> Step:
     pid = stack.operator.proc.pid if stack.operator.proc else 0
     cpu_before = cpu_seconds(pid)
     window = pass_window(stack.active, window)
+    # A mark to profile the idle operator by (`py-spy record -d WINDOW` once it is printed).
+    print(f"({stack.active} jobs running; idle for {window:.0f} s from {time.strftime('%T')})", flush=True)
     hf_per_minute, lists = await requests_per_minute(stack.emulator, window)
     idle_cpu = (cpu_seconds(pid) - cpu_before) / window
     paced_raw = await raw_round_trips(stack.api, stack.namespace, 50, pace=PROBE_PACE, prefix=f"paced{size}")
