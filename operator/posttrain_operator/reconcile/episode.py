@@ -286,9 +286,9 @@ async def _start(
     if flavors == []:
         return
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    # From the watch, not a list: at 2,000 Episodes each start listed them all (the operator's largest
-    # cost and memory while a burst of Episodes started). An orphan recorded in the same instant as this
-    # start is ordered after it, as if the start had come first.
+    # From the watch, not a list: with each start listing every Episode, a burst of Episodes cost work
+    # quadratic in their number. An orphan recorded in the same instant as this start is ordered
+    # after it, as if the start had come first.
     blocking = orphans_blocking(ctx.namespace_orphans, namespace, name)
     if blocking:
         message = f"jobs whose cancellation is unconfirmed in this namespace: {', '.join(blocking)}"
