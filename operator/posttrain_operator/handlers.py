@@ -117,6 +117,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         await publish_registered_tasks(memo.ctx)
         memo.broker = await broker.serve(memo.ctx)
     memo.active = ActiveJobs()
+    memo.episode_changes = EpisodeChanges()
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
     memo.quotas = asyncio.create_task(keep_quotas(memo.ctx))
     log.info("posttrain-operator started with backends: %s", ", ".join(memo.ctx.backends) or "none")
@@ -166,15 +167,17 @@ async def agentjob_observe(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any
     memo.ctx.metrics.view.observe_job(body, deleted=type == "DELETED")
 
 
-# kopf logs each handler's success; the observer runs on every watch event of every job, so its
-# successes would be most of the log, and a share of the CPU, while saying nothing. The text is
-# kopf's own (`f"{handler} succeeded."`), checked against kopf 1.45.2: tests/unit/test_pinned_upstream.py
-# fails if it changes.
-_OBSERVER_SUCCESS = "Handler 'agentjob_observe' succeeded."
+# kopf logs each handler's success; the observers run on every watch event of every job and Episode,
+# so their successes would be most of the log, and a share of the CPU, while saying nothing. The text
+# is kopf's own (`f"{handler} succeeded."`), checked against kopf 1.45.2:
+# tests/unit/test_pinned_upstream.py fails if it changes.
+_OBSERVER_SUCCESSES = frozenset(
+    f"Handler '{observer}' succeeded." for observer in ("agentjob_observe", "episode_observe")
+)
 
 
 def _drop_observer_successes(record: logging.LogRecord) -> bool:
-    return record.getMessage() != _OBSERVER_SUCCESS
+    return record.getMessage() not in _OBSERVER_SUCCESSES
 
 
 @kopf.on.delete(*AGENTJOBS)
@@ -204,6 +207,33 @@ async def namespace_orphans(
     return orphans_index_entry(_namespaced(namespace), name, status)
 
 
+class EpisodeChanges:
+    """One flag per watched Episode, set by each of its watch events: a quiet daemon sleeps until its
+    Episode changes or its quiet time ends. Waking every tick to compare versions instead cost the
+    event loop 1,000 wake-ups a second at 2,000 Episodes (bench/operator_scale.py, 10,000 jobs)."""
+
+    def __init__(self) -> None:
+        self._flags: dict[tuple[str, str], asyncio.Event] = {}
+
+    def watch(self, key: tuple[str, str]) -> asyncio.Event:
+        return self._flags.setdefault(key, asyncio.Event())
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._flags.pop(key, None)
+
+    def changed(self, key: tuple[str, str]) -> None:
+        if (flag := self._flags.get(key)) is not None:
+            flag.set()
+
+
+# kopf swaps in the daemon's live body before it runs this: a daemon woken here reads the new version.
+@kopf.on.event(*EPISODES)
+async def episode_observe(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.episode_changes.changed((_namespaced(namespace), name))
+
+
+# kopf stops a daemon by cancelling it at once (no `cancellation_backoff`), then waits up to the
+# timeout for it to finish.
 @kopf.daemon(*EPISODES, cancellation_timeout=10)
 async def episode_tick(
     namespace: str | None,
@@ -217,28 +247,31 @@ async def episode_tick(
     memo.ctx.namespace_orphans = kwargs["namespace_orphans"]
     key = (_namespaced(namespace), name)
     memo.ctx.watched_episodes[key] = body
+    changed = memo.episode_changes.watch(key)
     try:
-        await _tick_until_stopped(memo.ctx, key, body, stopped)
+        await _tick_until_stopped(memo.ctx, key, body, changed, stopped)
     finally:  # stopped: the Episode is being deleted, or the operator is stopping
+        memo.episode_changes.forget(key)
         memo.ctx.watched_episodes.pop(key, None)
         memo.ctx.metrics.view.observe_episode(body, deleted=True)
 
 
 async def _tick_until_stopped(
-    ctx: Context, key: tuple[str, str], body: kopf.Body, stopped: kopf.DaemonStopped
+    ctx: Context, key: tuple[str, str], body: kopf.Body, changed: asyncio.Event, stopped: kopf.DaemonStopped
 ) -> None:
     namespace, name = key
     tick = ctx.settings.episode_tick_seconds
     failures = 0
     quiet = Quiet()
     while not stopped:
-        delay = tick
+        changed.clear()  # before the version is read: an event from here on wakes the next wait
         version = body["metadata"].get("resourceVersion")
         if quiet.holds(version, ctx.clock()):  # unchanged and idle: nothing to decide or observe
-            await pause(stopped, delay, tick)
+            assert quiet.until is not None
+            await wait_for_change(changed, (quiet.until - ctx.clock()).total_seconds())
             continue
-        # The metrics' view of the Episode, from the same body: a tick behind at most, and no handler
-        # run (or log line) per watch event.
+        delay = tick
+        # The metrics' view of the Episode, from the same body, and no handler run (or log line) for it.
         ctx.metrics.view.observe_episode(body)
         try:
             # The body kopf keeps current from the watch: an idle tick costs no API call. kopf swaps in
@@ -247,6 +280,8 @@ async def _tick_until_stopped(
             # taken after `version` was read: at worst newer than the version it is filed under.
             quiet = Quiet(version, await reconcile_episode(ctx, namespace, name, dict(body)))
             failures = 0
+            if quiet.until is not None and ctx.clock() < quiet.until:
+                continue  # quiet from now on: wait for a change, not a tick
         except Exception as exc:
             ctx.metrics.reconcile_errors.labels("Episode", type(exc).__name__).inc()
             failures += 1
@@ -258,19 +293,16 @@ async def _tick_until_stopped(
                 log.exception("reconciling episode %s/%s failed; retrying in %.0fs", namespace, name, delay)
             else:
                 log.warning("episode %s/%s failed again; retrying in %.0fs", namespace, name, delay)
-        await pause(stopped, delay, tick)
+        # Work was done or failed: the next pass a tick on, whatever changes meanwhile, so that a pass
+        # whose own write wakes it does not run back to back.
+        await asyncio.sleep(delay)
 
 
-async def pause(stopped: kopf.DaemonStopped, seconds: float, step: float) -> None:
-    """Sleep `seconds`, or less once `stopped` is set, checked every `step`. kopf's
-    `stopped.wait(seconds)` starts two tasks and a timeout per call: with 2,000 Episodes ticking every
-    2 s, that bookkeeping took half of the operator's event loop (bench/operator_scale.py, 10,000
-    jobs). A sleep costs one timer; a stop is seen within a step, inside the daemon's
-    `cancellation_timeout`."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
-    while not stopped and (left := end - loop.time()) > 0:  # noqa: ASYNC110 (the Event is kopf's, above)
-        await asyncio.sleep(min(left, step))
+async def wait_for_change(changed: asyncio.Event, seconds: float) -> None:
+    """Until `changed` is set or `seconds` have passed: one timer, and no task, per wait."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(seconds, 0)):
+            await changed.wait()
 
 
 @kopf.on.delete(*EPISODES)
