@@ -53,13 +53,6 @@ def test_quiet_holds_only_for_the_same_version_and_before_its_time() -> None:
     assert not Quiet("41", None).holds("41", now) and not Quiet().holds(None, now)
 
 
-class _Stopper:
-    """kopf's `stopped` as the daemon reads it: never set here (kopf stops a daemon by cancelling it)."""
-
-    def __bool__(self) -> bool:
-        return False
-
-
 async def test_a_quiet_daemon_passes_again_as_soon_as_its_episode_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -74,7 +67,7 @@ async def test_a_quiet_daemon_passes_again_as_soon_as_its_episode_changes(
         return await reconcile_episode(*args, **kwargs)
 
     monkeypatch.setattr(handlers, "reconcile_episode", counted)
-    stopped: Any = _Stopper()
+    stopped: Any = False  # kopf's `stopped` as the daemon reads it; kopf stops a daemon by cancelling it
     daemon = asyncio.create_task(_tick_until_stopped(world.ctx, key, body, changes.watch(key), stopped))
     try:
         first = await asyncio.wait_for(passes.get(), 30)
