@@ -33,7 +33,13 @@ from posttrain_operator.reconcile.judging import apply_judge_finding
 from posttrain_operator.reconcile.orphan_records import orphans_index_entry
 from posttrain_operator.reconcile.poller import ActiveJobs, poll_forever
 from posttrain_operator.reconcile.quotas import keep_quotas
-from posttrain_operator.runtime import build_context, check_backends, publish_registered_tasks, serve_metrics
+from posttrain_operator.runtime import (
+    build_context,
+    check_backends,
+    publish_registered_tasks,
+    serve_metrics,
+    settle_garbage_collector,
+)
 
 EPISODES = (GROUP, VERSION, "episodes")
 AGENTJOBS = (GROUP, VERSION, "agentjobs")
@@ -120,6 +126,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.episode_changes = EpisodeChanges()
     memo.poller = asyncio.create_task(poll_forever(memo.ctx, memo.active))
     memo.quotas = asyncio.create_task(keep_quotas(memo.ctx))
+    settle_garbage_collector()
     log.info("posttrain-operator started with backends: %s", ", ".join(memo.ctx.backends) or "none")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
 from datetime import UTC, datetime
@@ -22,6 +23,24 @@ from posttrain_operator.k8s import Kube, make_api_client
 from posttrain_operator.reconcile.context import Context
 
 log = logging.getLogger(__name__)
+
+# CPython's collector thresholds for the operator (defaults: 700, 10, 10). Each watch event leaves a
+# body in a cache and each status pass a page of jobs, so objects reach the oldest generation fast;
+# with the defaults a full collection, which scans every object, ran every few seconds in a burst of
+# 10,000 admissions (a quarter of the operator's time, pauses of 1-2.5 s) and every 90 s when idle
+# (0.6 s each, 535,000 objects). These young generations let in-flight work die young, and a full
+# collection waits for at least 10,000 x 10 x 50 net allocations (bench/operator_scale.py figures in
+# docs/benchmarks.md, "The garbage collector"). Cycles still go: young ones at the next young
+# collection, old ones at the next full one.
+GC_THRESHOLDS = (10_000, 10, 50)
+
+
+def settle_garbage_collector() -> None:
+    """Once start-up has imported and built everything: its objects (modules, classes, settings) move
+    to the permanent generation, which no collection scans, and the thresholds above apply."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def build_backends(settings: OperatorSettings, api_client: Any = None) -> dict[str, Backend]:
