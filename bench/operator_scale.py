@@ -14,7 +14,8 @@ grow through each size of the sweep (`--jobs` per Episode); at each size:
   what the operator adds), and 50 more created bare (no owner or finalizer yet);
 - backend (HF API) requests per minute, counted by the emulator over a window at least three status
   passes long, and the list calls and pages behind them;
-- the operator's CPU (with every job active and nothing to do) and resident memory.
+- the operator's CPU (with every job active and nothing to do) and resident memory;
+- the garbage collector's pauses (the operator's `posttrain_gc_*` metrics), in the burst and after it.
 
 Then Kubernetes API calls per admission (`audit_calls.py`), and the drain: every Episode deleted at
 once, until every job is cancelled on the backend (`--drain backend` stops there: the rest is the API
@@ -143,6 +144,7 @@ class Step:
     idle_cpu: float
     rss: float
     load: tuple[float, float, float]
+    collector: tuple[Pauses, Pauses, Pauses]  # before the burst, after it, after the probes
 
     def lines(self) -> list[str]:
         raw_p50, p50 = statistics.median(self.raw_paced), statistics.median(self.probes)
@@ -159,8 +161,36 @@ class Step:
             f"HF API requests/min {self.hf_per_minute:8.1f} over {self.window:.0f} s: {pages}",
             f"operator CPU        {self.idle_cpu * 100:8.1f}% of a core, every job active and nothing to do",
             f"operator RSS        {self.rss:8.1f} MiB",
+            f"collector, burst    {pauses_between(self.collector[0], self.collector[1])}",
+            f"collector, at rest  {pauses_between(self.collector[1], self.collector[2])} (idle and probes)",
             "machine load        " + " ".join(f"{x:.1f}" for x in self.load) + " (1, 5, 15 min averages)",
         ]
+
+
+Pauses = dict[str, dict[str, float]]  # metric -> generation -> value
+
+
+async def collector_pauses(metrics_url: str) -> Pauses:
+    """The operator's `posttrain_gc_*` figures, from its metrics endpoint."""
+    async with aiohttp.ClientSession() as session, session.get(f"{metrics_url}/metrics") as response:
+        text = await response.text()
+    pauses: Pauses = {}
+    for line in text.splitlines():
+        if line.startswith("posttrain_gc_"):
+            series, value = line.rsplit(" ", 1)
+            metric, generation = series.split('{generation="')
+            pauses.setdefault(metric, {})[generation.rstrip('"}')] = float(value)
+    return pauses
+
+
+def pauses_between(before: Pauses, after: Pauses) -> str:
+    count, seconds = "posttrain_gc_collections_total", "posttrain_gc_pause_seconds_total"
+    parts = [
+        f"{after[count][g] - before[count][g]:.0f} {name} ({after[seconds][g] - before[seconds][g]:.1f} s)"
+        for g, name in (("2", "full"), ("1", "middle"), ("0", "young"))
+    ]
+    longest = max(after["posttrain_gc_longest_pause_seconds"].values())
+    return ", ".join(parts) + f"; longest so far {longest:.2f} s"
 
 
 def spread(seconds: list[float]) -> str:
@@ -191,11 +221,13 @@ async def admit(stack: Stack, episodes: int, jobs: int, **pacing: Any) -> tuple[
 async def grow_to(stack: Stack, size: int, jobs: int, window: float) -> Step:
     """Add Episodes of `jobs` jobs until `size` jobs are active; measure."""
     episodes = max(1, math.ceil((size - stack.active) / jobs))
+    before_burst = await collector_pauses(stack.operator.metrics_url)
     started = time.perf_counter()
     burst, rejected = await admit(stack, episodes, jobs)
     burst_seconds = time.perf_counter() - started
     stack.active += episodes * jobs - rejected
     await wait_all_running(stack.api, stack.namespace, stack.active)
+    after_burst = await collector_pauses(stack.operator.metrics_url)
     pid = stack.operator.proc.pid if stack.operator.proc else 0
     cpu_before = cpu_seconds(pid)
     window = pass_window(stack.active, window)
@@ -209,8 +241,9 @@ async def grow_to(stack: Stack, size: int, jobs: int, window: float) -> Step:
     bare, _ = await admit(stack, PROBE_EPISODES, 5, concurrency=1, pace=PROBE_PACE, bare=True)
     stack.active += 2 * PROBE_EPISODES * 5
     rss = rss_mib(pid)
+    collector = (before_burst, after_burst, await collector_pauses(stack.operator.metrics_url))
     return Step(measured_at, burst, burst_seconds, rejected, paced_raw, probes, bare, hf_per_minute, window,
-                lists, idle_cpu, rss, os.getloadavg())  # fmt: skip
+                lists, idle_cpu, rss, os.getloadavg(), collector)  # fmt: skip
 
 
 async def drain(stack: Stack, to_the_end: bool) -> tuple[float, float | None]:

@@ -10,7 +10,9 @@ from the last body each watch or pass delivered, so it costs nothing per reconci
 from __future__ import annotations
 
 import functools
+import gc
 import math
+import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -230,6 +232,53 @@ class _BackendCollector(Collector):
         yield from (requests, retries, waits, waited)
 
 
+class CollectorPauses:
+    """How often, and for how long, CPython's garbage collector stopped the process, by generation:
+    a `gc.callbacks` hook, one per process (`install` is idempotent)."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def install(self) -> None:
+        if self._record not in gc.callbacks:
+            gc.callbacks.append(self._record)
+
+    def _record(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation, paused = info["generation"], time.perf_counter() - self._started
+        self.collections[generation] += 1
+        self.seconds[generation] += paused
+        self.longest[generation] = max(self.longest[generation], paused)
+
+
+COLLECTOR_PAUSES = CollectorPauses()
+
+
+class _PausesCollector(Collector):
+    def __init__(self, pauses: CollectorPauses) -> None:
+        self.pauses = pauses
+
+    def collect(self) -> Iterator[Metric]:
+        label = ["generation"]
+        collections = CounterMetricFamily("posttrain_gc_collections", "Garbage collections", labels=label)
+        seconds = CounterMetricFamily(
+            "posttrain_gc_pause_seconds", "Seconds the garbage collector stopped the process", labels=label
+        )
+        longest = GaugeMetricFamily(
+            "posttrain_gc_longest_pause_seconds", "The longest garbage collection so far", labels=label
+        )
+        for generation in range(3):
+            collections.add_metric([str(generation)], self.pauses.collections[generation])
+            seconds.add_metric([str(generation)], self.pauses.seconds[generation])
+            longest.add_metric([str(generation)], self.pauses.longest[generation])
+        yield from (collections, seconds, longest)
+
+
 class OperatorMetrics:
     """Every metric the operator exposes, in its own registry (tests build as many as they like)."""
 
@@ -237,6 +286,7 @@ class OperatorMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.view = WatchView()
         self.registry.register(_ViewCollector(self.view))
+        self.registry.register(_PausesCollector(COLLECTOR_PAUSES))
         # Every metric below is in this registry.
         counter = functools.partial(Counter, registry=self.registry)
         self.reserved = counter(

@@ -20,18 +20,18 @@ from posttrain_operator.backends.pods import Flavor, PodsBackend, PodsConfig
 from posttrain_operator.backends.unavailable import UnavailableBackend
 from posttrain_operator.config import OperatorSettings
 from posttrain_operator.k8s import Kube, make_api_client
+from posttrain_operator.metrics import COLLECTOR_PAUSES
 from posttrain_operator.reconcile.context import Context
 
 log = logging.getLogger(__name__)
 
-# CPython's collector thresholds for the operator (defaults: 700, 10, 10). Each watch event leaves a
-# body in a cache and each status pass a page of jobs, so objects reach the oldest generation fast;
-# with the defaults a full collection, which scans every object, ran every few seconds in a burst of
-# 10,000 admissions (a quarter of the operator's time, pauses of 1-2.5 s) and every 90 s when idle
-# (0.6 s each, 535,000 objects). These young generations let in-flight work die young, and a full
-# collection waits for at least 10,000 x 10 x 50 net allocations (bench/operator_scale.py figures in
-# docs/benchmarks.md, "The garbage collector"). Cycles still go: young ones at the next young
-# collection, old ones at the next full one.
+# CPython's collector thresholds for the operator (defaults: 700, 10, 10). kopf's views of a body and
+# a patch point back at their parent, so every event's body is in a cycle that only the collector
+# frees, and in-flight work and caches reach the oldest generation fast. With the defaults a full
+# collection, which scans every object, ran every few seconds in a burst of 10,000 admissions (a
+# quarter of the operator's time, pauses of 1-2.5 s) and every 90 s when idle (0.6 s each). These
+# young generations let more of an event's objects die young, and a full collection waits for 50
+# middle ones (docs/benchmarks.md, "The garbage collector").
 GC_THRESHOLDS = (10_000, 10, 50)
 
 
@@ -41,6 +41,7 @@ def settle_garbage_collector() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+    COLLECTOR_PAUSES.install()
 
 
 def build_backends(settings: OperatorSettings, api_client: Any = None) -> dict[str, Backend]:
