@@ -28,11 +28,7 @@ CHILD = textwrap.dedent(
     cycle.self = cycle
     alive = weakref.ref(cycle)
     del cycle
-    keep = []
-    for _ in range(GC_THRESHOLDS[0] * 3):  # tracked allocations enough for a young collection
-        keep.append([])
-        if alive() is None:
-            break
+    keep = [[] for _ in range(GC_THRESHOLDS[0] * 3)]  # tracked allocations: young collections run
     assert alive() is None, "a young cycle outlived its generation's threshold"
 
     from posttrain_operator.metrics import COLLECTOR_PAUSES, OperatorMetrics
