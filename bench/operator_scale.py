@@ -58,6 +58,7 @@ from admissions import (
 )
 from audit_calls import admit_one_at_a_time, calls_per_admission
 from kubernetes_asyncio import client, config
+from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.controlplane import cluster as devcluster
 from devstack.hf_emulator import routes
@@ -175,11 +176,10 @@ async def collector_pauses(metrics_url: str) -> Pauses:
     async with aiohttp.ClientSession() as session, session.get(f"{metrics_url}/metrics") as response:
         text = await response.text()
     pauses: Pauses = {}
-    for line in text.splitlines():
-        if line.startswith("posttrain_gc_"):
-            series, value = line.rsplit(" ", 1)
-            metric, generation = series.split('{generation="')
-            pauses.setdefault(metric, {})[generation.rstrip('"}')] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("posttrain_gc_"):
+                pauses.setdefault(sample.name, {})[sample.labels["generation"]] = sample.value
     return pauses
 
 

@@ -232,9 +232,9 @@ class _BackendCollector(Collector):
         yield from (requests, retries, waits, waited)
 
 
-class CollectorPauses:
+class CollectorPauses(Collector):
     """How often, and for how long, CPython's garbage collector stopped the process, by generation:
-    a `gc.callbacks` hook, one per process (`install` is idempotent)."""
+    a `gc.callbacks` hook, one per process (`install` is idempotent), collected into every registry."""
 
     def __init__(self) -> None:
         self.collections = [0, 0, 0]
@@ -255,14 +255,6 @@ class CollectorPauses:
         self.seconds[generation] += paused
         self.longest[generation] = max(self.longest[generation], paused)
 
-
-COLLECTOR_PAUSES = CollectorPauses()
-
-
-class _PausesCollector(Collector):
-    def __init__(self, pauses: CollectorPauses) -> None:
-        self.pauses = pauses
-
     def collect(self) -> Iterator[Metric]:
         label = ["generation"]
         collections = CounterMetricFamily("posttrain_gc_collections", "Garbage collections", labels=label)
@@ -273,10 +265,13 @@ class _PausesCollector(Collector):
             "posttrain_gc_longest_pause_seconds", "The longest garbage collection so far", labels=label
         )
         for generation in range(3):
-            collections.add_metric([str(generation)], self.pauses.collections[generation])
-            seconds.add_metric([str(generation)], self.pauses.seconds[generation])
-            longest.add_metric([str(generation)], self.pauses.longest[generation])
+            collections.add_metric([str(generation)], self.collections[generation])
+            seconds.add_metric([str(generation)], self.seconds[generation])
+            longest.add_metric([str(generation)], self.longest[generation])
         yield from (collections, seconds, longest)
+
+
+COLLECTOR_PAUSES = CollectorPauses()
 
 
 class OperatorMetrics:
@@ -286,7 +281,7 @@ class OperatorMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.view = WatchView()
         self.registry.register(_ViewCollector(self.view))
-        self.registry.register(_PausesCollector(COLLECTOR_PAUSES))
+        self.registry.register(COLLECTOR_PAUSES)
         # Every metric below is in this registry.
         counter = functools.partial(Counter, registry=self.registry)
         self.reserved = counter(
