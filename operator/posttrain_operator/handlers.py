@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from posttrain_operator import broker
+from posttrain_operator import broker, lean_watch
 from posttrain_operator.api.models import GROUP, VERSION
 from posttrain_operator.api.rules import FINALIZER
 from posttrain_operator.backends.base import BackendError
@@ -88,6 +88,7 @@ async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    lean_watch.install()  # before kopf's watchers start, which is when this handler returns
     config = OperatorSettings()
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=config.annotation_prefix)
