@@ -1,11 +1,10 @@
-"""kopf's watch events without `metadata.managedFields`.
+"""kopf's watch events without `metadata.managedFields` (see `k8s.drop_managed_fields`).
 
 An AgentJob carries one managedFields entry per writer (its creator, kopf, the operator's spec and
-status writes): 68 of the 78 dicts of a watched body, half its bytes. kopf holds every event in flight
-(queued per object, then as the Body and Patch of the handler run), so in a burst of admissions or a
-drain these entries were most of the operator's memory. Nothing in the operator reads them, and kopf
-strips them from its own diff base, so each event drops them as it arrives. A write sent without
-managedFields leaves the server's record as it is (only an explicit empty list resets it).
+status writes), half a watched body's bytes. kopf holds every event in flight (queued per object, then
+as the Body and Patch of the handler run), in a burst of admissions or a drain thousands at once.
+Nothing in kopf reads them (its diff base keeps a body's spec, labels and annotations), so each event
+drops them as it arrives.
 
 kopf's watcher looks up `watching.infinite_watch` on each (re)connection, so replacing the module's
 function before the watchers start covers every event, the initial listing's included (checked
@@ -18,13 +17,7 @@ from typing import Any
 
 from kopf._cogs.clients import watching
 
-
-def drop_managed_fields(event: object) -> None:
-    """In place: the event's object loses `metadata.managedFields` (bookmarks pass as they are)."""
-    obj = event.get("object") if isinstance(event, dict) else None
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
+from posttrain_operator.k8s import drop_managed_fields
 
 
 def install() -> None:
@@ -35,7 +28,8 @@ def install() -> None:
 
     async def lean_infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
         async for event in upstream(**kwargs):
-            drop_managed_fields(event)
+            if isinstance(event, dict):  # not one of kopf's bookmarks
+                drop_managed_fields(event.get("object"))
             yield event
 
     lean_infinite_watch.lean = True  # type: ignore[attr-defined]
