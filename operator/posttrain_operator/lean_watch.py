@@ -3,12 +3,13 @@
 An AgentJob carries one managedFields entry per writer (its creator, kopf, the operator's spec and
 status writes), half a watched body's bytes. kopf holds every event in flight (queued per object, then
 as the Body and Patch of the handler run), in a burst of admissions or a drain thousands at once.
-Nothing in kopf reads them (its diff base keeps a body's spec, labels and annotations), so each event
-drops them as it arrives.
+Nothing in kopf reads them (kopf 1.45.2 never names the field), so each event drops them as it
+arrives.
 
-kopf's watcher looks up `watching.infinite_watch` on each (re)connection, so replacing the module's
-function before the watchers start covers every event, the initial listing's included (checked
-against kopf 1.45.2: tests/unit/test_pinned_upstream.py fails if that changes)."""
+kopf's watcher looks up `watching.infinite_watch` when it starts, and that stream lists, watches and
+reconnects for it; replacing the module's function before the watchers start covers every event, the
+initial listing's included (checked against kopf 1.45.2: tests/unit/test_pinned_upstream.py fails if
+that changes)."""
 
 from __future__ import annotations
 
