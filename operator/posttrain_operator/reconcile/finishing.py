@@ -3,6 +3,7 @@ artifacts, and read a grader job's result file (never its logs)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from decimal import Decimal
@@ -109,6 +110,7 @@ async def finish_agentjob(
     status = status_of(AgentJobStatus, job.get("status"))
     if status.phase in TERMINAL_JOB_PHASES:
         return
+    orphaned = status.phase == "Orphaned"
     spec = AgentJobSpec.model_validate(job["spec"])
     seconds = ledger_math.billed_seconds(remote.started_at, remote.finished_at) if remote else 0
     cost = 0
@@ -148,14 +150,29 @@ async def finish_agentjob(
             said if remote.egress_verified else remote.egress_message,
         )
     await write_job_status(ctx, job, status)
+    if orphaned:
+        await unlist_orphan(ctx, namespace, spec.episode, name)
     ctx.emit(job, "Normal" if phase in ("Succeeded", "Cancelled") else "Warning", reason, message)
+
+
+async def unlist_orphan(ctx: Context, namespace: str, episode: str, name: str) -> None:
+    """`name` off its Episode's orphan list, once the job's terminal status is written. Listed until
+    then, an orphan whose settle went through and whose job write did not (the operator stopped, the
+    API server went away) is still the collector's to finish; unlisted with the settle, it was no
+    one's, and stayed Orphaned."""
+
+    def unlisted(body: dict[str, Any], current: EpisodeStatus) -> tuple[EpisodeStatus | None, None]:
+        return without_orphan(ctx, body, current, name), None
+
+    with contextlib.suppress(LookupError):  # the Episode is gone: no list to leave
+        await ctx.kube.update_episode_status(namespace, episode, unlisted)
 
 
 async def _settle(
     ctx: Context, namespace: str, episode: str, name: str, cost: int, egress: bool | None = None
 ) -> int:
-    """Release the job's reservation and charge `cost` (one compare-and-swap, which also takes the
-    job off the orphan list, and counts its egress check); returns what the agent was charged."""
+    """Release the job's reservation and charge `cost` (one compare-and-swap, which also counts its
+    egress check); returns what the agent was charged. An orphan stays listed (see `unlist_orphan`)."""
 
     def settle(
         body: dict[str, Any], current: EpisodeStatus
@@ -170,7 +187,6 @@ async def _settle(
                     field = "verified" if egress else "open"
                     counts = counts.model_copy(update={field: getattr(counts, field) + 1})
                     new = new.model_copy(update={"egress": counts})
-        new = without_orphan(ctx, body, new, name) or new
         return (None if new is current else new), settled
 
     try:

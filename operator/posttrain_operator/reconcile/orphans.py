@@ -14,7 +14,7 @@ from posttrain_operator.api.rules import parse_time
 from posttrain_operator.backends.base import BackendError, Handle
 from posttrain_operator.reconcile.cancellation import cancel_agentjob
 from posttrain_operator.reconcile.context import Context
-from posttrain_operator.reconcile.finishing import announce_settled_at_reservation
+from posttrain_operator.reconcile.finishing import announce_settled_at_reservation, unlist_orphan
 from posttrain_operator.reconcile.orphan_records import retried, without_orphan
 
 
@@ -36,6 +36,9 @@ async def collect_orphans(ctx: Context, namespace: str, name: str) -> None:
                     ctx, namespace, orphan.name, cond.EPISODE_ENDED, "orphan collected"
                 )
         if confirmed:
+            # Finishing the job unlisted it; a job found finished already (the operator stopped between
+            # its terminal write and the unlisting) is unlisted here.
+            await unlist_orphan(ctx, namespace, name, orphan.name)
             ctx.emit(body, "Normal", "OrphanCollected", f"backend confirmed cancellation of {orphan.name}")
             continue
 
