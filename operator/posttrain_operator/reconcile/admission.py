@@ -37,6 +37,7 @@ from posttrain_operator.k8s import EpisodeUpdate
 from posttrain_operator.metrics import spend_labels
 from posttrain_operator.reconcile.admission_rules import Rejection, decide_admission, reserve_in
 from posttrain_operator.reconcile.context import BackendNotEnabled, Context
+from posttrain_operator.reconcile.finishing import release_reservation
 from posttrain_operator.reconcile.jobs import Retry, admitting_phases, adopt, with_condition, write_job_status
 from posttrain_operator.reconcile.quotas import (
     NamespaceQuota,
@@ -78,6 +79,35 @@ async def _reject(ctx: Context, job: dict[str, Any], status: AgentJobStatus, rej
     await write_job_status(ctx, job, status)
     ctx.metrics.rejections.labels(rejection.reason, job["metadata"]["namespace"]).inc()
     ctx.emit(job, "Warning", rejection.reason, rejection.message)
+
+
+def _may_hold_reservation(name: str, episode: EpisodeCopy) -> bool:
+    """Whether the Episode's ledger may hold an unsettled entry for `name`: known from a read, not
+    known from the watch's copy, which may be behind the write that made it."""
+    if episode.body is None:
+        return False
+    if episode.watched:
+        return True
+    entry = status_of(EpisodeStatus, episode.body.get("status")).ledger.entries.get(name)
+    return entry is not None and entry.settled_micro_usd is None
+
+
+async def _refuse(
+    ctx: Context,
+    job: dict[str, Any],
+    status: AgentJobStatus,
+    spec: AgentJobSpec,
+    episode: EpisodeCopy,
+    rejection: Rejection,
+) -> None:
+    """Reject a job, releasing first what an earlier pass reserved for it: a pass stopped between the
+    ledger's write and the job's Admitted write (the operator killed, the API server gone) leaves a
+    reservation, and the pass that resumes may refuse the job (its Episode has ended since, an input
+    is gone). Released first, so a pass stopped in between releases it again (settling is idempotent)."""
+    name = job["metadata"]["name"]
+    if _may_hold_reservation(name, episode):
+        await release_reservation(ctx, job["metadata"]["namespace"], spec.episode, name)
+    await _reject(ctx, job, status, rejection)
 
 
 async def _waiting(
@@ -327,29 +357,29 @@ async def _admit(
         return None
     episode, decided = await _decide(ctx, job, spec, episode)
     if isinstance(decided, Rejection):
-        await _reject(ctx, job, status, decided)
+        await _refuse(ctx, job, status, spec, episode, decided)
         return None
     task, ep_spec, _ = decided
     assert episode.body is not None
     lineage = await _lineage(ctx, job, spec)
     if isinstance(lineage, Rejection):
-        await _reject(ctx, job, status, lineage)
+        await _refuse(ctx, job, status, spec, episode, lineage)
         return None
     platform = spec.purpose == "score"
     held = await _quota(ctx, meta["namespace"], ep_spec, spec, quota, platform=platform)
     if isinstance(held, Rejection):
-        await _reject(ctx, job, status, held)
+        await _refuse(ctx, job, status, spec, episode, held)
         return None
     price = await _price(ctx, job, status, ep_spec.backend, spec.flavor)
     if isinstance(price, Rejection):
-        await _reject(ctx, job, status, price)
+        await _refuse(ctx, job, status, spec, episode, price)
         return None
     amount = ledger_math.reservation_for(price, spec.timeout_seconds)
     max_concurrent = limits_in_force(ep_spec, task).max_concurrent_jobs
     dev_limit = task.integrity.dev_evaluations.max_calls
     reserve = functools.partial(_reserve, ctx, job, spec, episode, amount, max_concurrent, dev_limit)
     refused, written = await _reserve_within_quota(ctx, job, spec, held, amount, reserve, platform=platform)
-    if refused is not None:
+    if refused is not None:  # decided on the ledger as it is (or on the quota, before it): no entry
         await _reject(ctx, job, status, refused)
         return None
     reserved = 0 if platform else amount

@@ -168,6 +168,12 @@ async def unlist_orphan(ctx: Context, namespace: str, episode: str, name: str) -
         await ctx.kube.update_episode_status(namespace, episode, unlisted)
 
 
+async def release_reservation(ctx: Context, namespace: str, episode: str, name: str) -> None:
+    """Settle `name` at nothing on its Episode and its namespace's quota, for a job refused after an
+    earlier pass reserved for it; a job with no entry changes nothing."""
+    await _settle(ctx, namespace, episode, name, 0)
+
+
 async def _settle(
     ctx: Context, namespace: str, episode: str, name: str, cost: int, egress: bool | None = None
 ) -> int:
