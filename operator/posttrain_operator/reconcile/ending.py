@@ -14,12 +14,12 @@ from posttrain_operator import ledger as ledger_math
 from posttrain_operator.api import conditions as cond
 from posttrain_operator.api import provenance
 from posttrain_operator.api.episode import EpisodeStatus, Integrity, ProvenanceSummary
-from posttrain_operator.api.models import Outcome, ScoreInterval, status_of
+from posttrain_operator.api.models import AgentJobStatus, Outcome, ScoreInterval, status_of
 from posttrain_operator.api.rules import ENDED_PHASES, format_time, parse_time
 from posttrain_operator.backends.base import SupportsEpisodeCleanup
 from posttrain_operator.reconcile.cancellation import cancel_all
 from posttrain_operator.reconcile.context import Context
-from posttrain_operator.reconcile.finishing import announce_settled_at_reservation
+from posttrain_operator.reconcile.finishing import announce_settled_at_reservation, release_reservation
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +114,29 @@ async def end_episode(ctx: Context, body: dict[str, Any], end: End) -> None:
 
 async def settle_ended(ctx: Context, body: dict[str, Any]) -> bool:
     """A pass over an ended Episode whose ledger still holds reservations: the entries of jobs that are
-    gone are settled, the jobs that are not are cancelled (which settles them), from one list of its
-    jobs. True when every cancellation is confirmed."""
+    gone are settled, those of jobs rejected holding one released, and the jobs not finished are
+    cancelled (which settles them), from one list of its jobs. True when every cancellation is
+    confirmed."""
     meta = body["metadata"]
     jobs = await ctx.kube.list_agentjobs(meta["namespace"], meta["name"])
     await settle_vanished(ctx, body, {job["metadata"]["name"] for job in jobs})
+    for name in refused_holding(status_of(EpisodeStatus, body.get("status")), jobs):
+        await release_reservation(ctx, meta["namespace"], meta["name"], name)
     return await cancel_all(ctx, body, cond.EPISODE_ENDED, "the episode ended", jobs=jobs)
+
+
+def refused_holding(status: EpisodeStatus, jobs: list[dict[str, Any]]) -> list[str]:
+    """The `Rejected` jobs among `jobs` that the ledger still holds a reservation for. Admission now
+    releases one before it rejects; an operator before that did not, when the pass resuming an
+    admission refused the job. Never submitted, such a job owes nothing, and its entry would keep the
+    ended Episode from releasing its backend and sealing its provenance."""
+    unsettled = {name for name, entry in status.ledger.entries.items() if entry.settled_micro_usd is None}
+    return sorted(
+        job["metadata"]["name"]
+        for job in jobs
+        if job["metadata"]["name"] in unsettled
+        and status_of(AgentJobStatus, job.get("status")).phase == "Rejected"
+    )
 
 
 async def settle_vanished(ctx: Context, body: dict[str, Any], listed: Collection[str]) -> None:

@@ -96,3 +96,18 @@ async def test_a_job_refused_without_an_earlier_reservation_writes_no_ledger() -
     assert world.status("agentjobs", "j1")["reason"] == cond.EPISODE_NOT_RUNNING
     assert world.api.calls["replace_namespaced_custom_object_status"] == 0
     assert world.ledger()["entries"] == {}
+
+
+async def test_an_ended_episode_releases_a_reservation_left_by_a_job_rejected_holding_it() -> None:
+    """As an operator before the release left it: j1 Rejected, its entry unsettled, the Episode ended.
+    The entry would hold the Episode short of releasing its backend and sealing its provenance."""
+    world = await started(make_world())
+    await reserved_then_stopped(world)
+    end(world)
+    job = world.api.objects[("agentjobs", NS, "j1")]
+    job["status"] = {"phase": "Rejected", "reason": cond.EPISODE_NOT_RUNNING}
+
+    await reconcile_episode(world.ctx, NS, "ep")
+    assert world.ledger()["reservedMicroUSD"] == 0
+    assert world.ledger()["entries"]["j1"]["settledMicroUSD"] == 0
+    assert world.status("agentjobs", "j1")["phase"] == "Rejected"
