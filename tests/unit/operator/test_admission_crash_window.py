@@ -85,9 +85,7 @@ async def test_a_job_the_quota_refuses_on_resuming_releases_both_reservations_se
 
 
 async def test_a_job_refused_without_an_earlier_reservation_writes_no_ledger() -> None:
-    world = make_world()
-    world.episode()
-    await reconcile_episode(world.ctx, NS, "ep")
+    world = await started(make_world())
     end(world)
     world.job()
     world.api.reset_calls()
