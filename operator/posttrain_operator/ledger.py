@@ -49,6 +49,11 @@ def with_totals(ledger: Ledger) -> Ledger:
     )
 
 
+def unsettled(ledger: Ledger) -> set[str]:
+    """The entries still holding a reservation."""
+    return {name for name, entry in ledger.entries.items() if entry.settled_micro_usd is None}
+
+
 def invariant_holds(ledger: Ledger) -> bool:
     return ledger.reserved_micro_usd + ledger.settled_micro_usd <= ledger.budget_micro_usd
 

@@ -130,11 +130,11 @@ def refused_holding(status: EpisodeStatus, jobs: list[dict[str, Any]]) -> list[s
     releases one before it rejects; an operator before that did not, when the pass resuming an
     admission refused the job. Never submitted, such a job owes nothing, and its entry would keep the
     ended Episode from releasing its backend and sealing its provenance."""
-    unsettled = {name for name, entry in status.ledger.entries.items() if entry.settled_micro_usd is None}
+    holding = ledger_math.unsettled(status.ledger)
     return sorted(
         job["metadata"]["name"]
         for job in jobs
-        if job["metadata"]["name"] in unsettled
+        if job["metadata"]["name"] in holding
         and status_of(AgentJobStatus, job.get("status")).phase == "Rejected"
     )
 

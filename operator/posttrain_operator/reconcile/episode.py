@@ -30,7 +30,7 @@ from posttrain_operator.api.rules import (
     token_hash,
 )
 from posttrain_operator.backends.base import BackendError, SupportsEpisodeCleanup
-from posttrain_operator.ledger import with_totals
+from posttrain_operator.ledger import unsettled, with_totals
 from posttrain_operator.reconcile.context import BackendNotEnabled, Context
 from posttrain_operator.reconcile.ending import (
     End,
@@ -231,9 +231,8 @@ def _needs_release(ctx: Context, backend: str, status: EpisodeStatus) -> bool:
 
 
 def _has_unsettled_jobs(status: EpisodeStatus) -> bool:
-    unsettled = {n for n, e in status.ledger.entries.items() if e.settled_micro_usd is None}
     orphaned = {o.name for o in status.orphaned_jobs}
-    return bool(unsettled - orphaned)
+    return bool(unsettled(status.ledger) - orphaned)
 
 
 async def _cheapest_price(ctx: Context, spec: EpisodeSpec, task: Task, status: EpisodeStatus) -> int | None:
